@@ -1,0 +1,1 @@
+"""Versioned event models of the egoline pipeline; JSON Schema copies live in `jsonschema/`."""

@@ -1,0 +1,124 @@
+"""The object store behind a small interface, spoken only through the S3 API (MinIO, AWS, moto)."""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlparse
+
+import urllib3
+from minio import Minio
+from minio.commonconfig import CopySource
+from minio.error import S3Error
+
+from services.common.settings import Settings
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    key: str
+    size: int
+    etag: str
+
+
+class ObjectStore:
+    """Put, get and byte-range reads against one bucket.
+
+    Keys are plain S3 keys; callers build them from validated ids only.
+    """
+
+    def __init__(self, client: Minio, bucket: str, part_size: int) -> None:
+        self.client = client
+        self.bucket = bucket
+        self.part_size = part_size
+
+    def ensure_bucket(self) -> None:
+        if not self.client.bucket_exists(self.bucket):
+            try:
+                self.client.make_bucket(self.bucket)
+            except S3Error as exc:  # another process won the race
+                if exc.code not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
+                    raise
+
+    def put_file(self, key: str, path: Path, content_type: str = "application/octet-stream") -> None:
+        """Upload a file; large files go as multipart uploads of `part_size` bytes."""
+        self.client.fput_object(
+            self.bucket, key, str(path), content_type=content_type, part_size=self.part_size
+        )
+
+    def put_bytes(self, key: str, data: bytes, content_type: str = "application/octet-stream") -> None:
+        self.client.put_object(
+            self.bucket, key, io.BytesIO(data), len(data), content_type=content_type
+        )
+
+    def get_bytes(self, key: str) -> bytes:
+        response = self.client.get_object(self.bucket, key)
+        try:
+            return response.read()
+        finally:
+            response.close()
+            response.release_conn()
+
+    def get_range(self, key: str, byte_offset: int, length: int) -> bytes:
+        """Read `length` bytes starting at `byte_offset` with one ranged GET."""
+        if byte_offset < 0 or length <= 0:
+            raise ValueError(f"bad range offset={byte_offset} length={length}")
+        response = self.client.get_object(self.bucket, key, offset=byte_offset, length=length)
+        try:
+            return response.read()
+        finally:
+            response.close()
+            response.release_conn()
+
+    def download(self, key: str, path: Path) -> None:
+        self.client.fget_object(self.bucket, key, str(path))
+
+    def stat(self, key: str) -> ObjectInfo | None:
+        try:
+            info = self.client.stat_object(self.bucket, key)
+        except S3Error as exc:
+            if exc.code in ("NoSuchKey", "NoSuchObject", "ResourceNotFound"):
+                return None
+            raise
+        return ObjectInfo(key=key, size=int(info.size or 0), etag=str(info.etag))
+
+    def exists(self, key: str) -> bool:
+        return self.stat(key) is not None
+
+    def copy(self, source_key: str, dest_key: str) -> None:
+        """Server-side copy (how a temporary key is published under its final name)."""
+        self.client.copy_object(self.bucket, dest_key, CopySource(self.bucket, source_key))
+
+    def delete(self, key: str) -> None:
+        self.client.remove_object(self.bucket, key)
+
+    def list_keys(self, prefix: str) -> list[str]:
+        return [
+            str(o.object_name)
+            for o in self.client.list_objects(self.bucket, prefix=prefix, recursive=True)
+        ]
+
+
+def minio_client(settings: Settings) -> Minio:
+    endpoint = settings.require("s3_endpoint")
+    parsed = urlparse(endpoint if "://" in endpoint else f"http://{endpoint}")
+    http = urllib3.PoolManager(
+        maxsize=16,
+        timeout=urllib3.Timeout(connect=5, read=120),
+        retries=urllib3.Retry(total=5, backoff_factor=0.2, status_forcelist=[500, 502, 503, 504]),
+    )
+    return Minio(
+        parsed.netloc,
+        access_key=settings.s3_access_key.get_secret_value(),
+        secret_key=settings.s3_secret_key.get_secret_value(),
+        secure=parsed.scheme == "https",
+        region=settings.s3_region,
+        http_client=http,
+    )
+
+
+def object_store(settings: Settings) -> ObjectStore:
+    return ObjectStore(
+        minio_client(settings), settings.s3_bucket, settings.s3_part_size_mb * 1024 * 1024
+    )

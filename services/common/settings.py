@@ -1,0 +1,110 @@
+"""One frozen settings object for every egoline process.
+
+Values come from `EGOLINE_*` environment variables first, then from the endpoints file that
+`egoline stack up` writes (`.stack/endpoints.env`), then from the defaults below. Nothing else in
+egoline reads `os.environ`.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import AliasChoices, Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+STACK_DIR_DEFAULT = Path(".stack")
+ENDPOINTS_FILE = "endpoints.env"
+
+
+def _endpoints_file() -> Path:
+    # The stack dir may itself be moved with EGOLINE_STACK_DIR; resolve it before the model loads
+    # so the endpoints file written by `stack up` is found by every process in the same tree.
+    import os
+
+    return Path(os.environ.get("EGOLINE_STACK_DIR", str(STACK_DIR_DEFAULT))) / ENDPOINTS_FILE
+
+
+class Settings(BaseSettings):
+    """Endpoints, credentials and tuning for every service.
+
+    Kafka consumer timings default to values that make group joins fast (seconds, not tens of
+    seconds) on both Apache Kafka and the embedded broker; see docs/stack.md.
+    """
+
+    model_config = SettingsConfigDict(
+        env_prefix="EGOLINE_",
+        frozen=True,
+        extra="ignore",
+        populate_by_name=True,
+    )
+
+    stack_dir: Path = STACK_DIR_DEFAULT
+
+    # --- Kafka ---------------------------------------------------------------------------
+    kafka_bootstrap: str | None = None
+    kafka_security_protocol: str = "PLAINTEXT"
+    kafka_sasl_mechanism: str | None = None
+    kafka_sasl_username: str | None = None
+    kafka_sasl_password: SecretStr | None = None
+    kafka_session_timeout_ms: int = Field(default=6000, ge=1000)
+    kafka_heartbeat_interval_ms: int = Field(default=1000, ge=100)
+    kafka_assignment_strategy: str = "cooperative-sticky"
+    topic_partitions: int = Field(default=4, ge=1)
+
+    # --- Postgres ------------------------------------------------------------------------
+    database_url: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices("EGOLINE_DATABASE_URL", "DATABASE_URL"),
+    )
+
+    # --- S3 / MinIO ----------------------------------------------------------------------
+    s3_endpoint: str | None = None  # host:port or http(s)://host:port
+    s3_access_key: SecretStr = SecretStr("egoline")
+    s3_secret_key: SecretStr = SecretStr("egoline-secret")
+    s3_region: str = "us-east-1"
+    s3_bucket: str = "egoline"
+    s3_part_size_mb: int = Field(default=16, ge=5)
+
+    # --- pipeline ------------------------------------------------------------------------
+    pipeline_version: str = "v1"
+    clip_target_s: float = Field(default=10.0, gt=0)
+    shard_target_mb: float = Field(default=512.0, gt=0)
+    split_key: str = Field(default="session", pattern="^(session|device)$")
+    eval_fraction: float = Field(default=0.1, ge=0, le=1)
+    metrics_port: int | None = None
+
+    @property
+    def database_sqlalchemy_url(self) -> str:
+        """The database URL with the psycopg 3 driver named, as SQLAlchemy wants it."""
+        url = self.require("database_url")
+        for prefix in ("postgresql+psycopg://", "postgresql://", "postgres://"):
+            if url.startswith(prefix):
+                return "postgresql+psycopg://" + url[len(prefix) :]
+        return url
+
+    @property
+    def database_libpq_url(self) -> str:
+        """The database URL as libpq (and so ADBC and psql) wants it."""
+        url = self.require("database_url")
+        return url.replace("postgresql+psycopg://", "postgresql://", 1)
+
+    def require(self, name: str) -> str:
+        """Return a configured endpoint or raise a clear error naming how to set it."""
+        value = getattr(self, name)
+        if not value:
+            raise RuntimeError(
+                f"{name} is not configured: set EGOLINE_{name.upper()} or run `egoline stack up`"
+            )
+        return str(value)
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process-wide settings: environment first, then the stack's endpoints file."""
+    return Settings(_env_file=_endpoints_file())  # type: ignore[call-arg]
+
+
+def reset_settings_cache() -> None:
+    """Forget the cached settings (after `stack up` writes new endpoints)."""
+    get_settings.cache_clear()

