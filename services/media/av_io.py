@@ -1,0 +1,328 @@
+"""Every use of PyAV in egoline lives here ("PyAV in one place").
+
+Time units: PyAV packet `pts`/`dts` are integers in the stream's `time_base` (a Fraction of a
+second); everything this module returns is in seconds (float) unless a name says otherwise.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from fractions import Fraction
+from pathlib import Path
+
+import av
+import av.error
+import numpy as np
+from numpy.typing import NDArray
+
+logging.getLogger("libav").setLevel(logging.CRITICAL)
+av.logging.set_level(av.logging.PANIC)
+
+
+class ProbeError(ValueError):
+    """The file cannot be opened or demuxed as a video container."""
+
+
+class RemuxError(RuntimeError):
+    """A clip could not be cut out of its episode."""
+
+
+ENCODERS = {"h264": "libx264", "h265": "libx265", "av1": "libsvtav1"}
+
+
+@dataclass
+class EncodeStream:
+    """One video stream to encode; `frames` yields HxWx3 uint8 RGB arrays."""
+
+    frames: Iterable[NDArray[np.uint8]]
+    codec: str = "h264"
+    width: int = 320
+    height: int = 240
+
+
+def encode_video(
+    path: Path, streams: list[EncodeStream], fps: int, gop: int, container_format: str | None = None
+) -> int:
+    """Encode the streams (interleaved frame by frame) into `path`; returns frames per stream.
+
+    A fixed GOP of `gop` frames (keyframe every gop/fps seconds) and no scene-cut keyframes keep
+    the output deterministic and clips GOP-aligned.
+    """
+    with av.open(str(path), mode="w", format=container_format) as out:
+        encoders = []
+        for spec in streams:
+            stream = out.add_stream(ENCODERS[spec.codec], rate=fps)
+            stream.width = spec.width
+            stream.height = spec.height
+            stream.pix_fmt = "yuv420p"
+            stream.codec_context.gop_size = gop
+            if spec.codec == "h264":
+                stream.codec_context.options = {
+                    "preset": "veryfast",
+                    "x264-params": f"keyint={gop}:min-keyint={gop}:scenecut=0:threads=1",
+                }
+            elif spec.codec == "h265":
+                stream.codec_context.options = {
+                    "preset": "ultrafast",
+                    "x265-params": f"keyint={gop}:min-keyint={gop}:scenecut=0:log-level=error:pools=1",
+                }
+            else:
+                stream.codec_context.options = {"preset": "12", "svtav1-params": f"keyint={gop}"}
+            encoders.append((stream, iter(spec.frames)))
+        count = 0
+        while True:
+            done = 0
+            for stream, frames in encoders:
+                array = next(frames, None)
+                if array is None:
+                    done += 1
+                    continue
+                frame = av.VideoFrame.from_ndarray(array, format="rgb24")
+                out.mux(stream.encode(frame))
+            if done == len(encoders):
+                break
+            count += 1
+        for stream, _ in encoders:
+            out.mux(stream.encode(None))
+    return count
+
+
+@dataclass
+class StreamProbe:
+    index: int
+    codec: str
+    width: int
+    height: int
+    fps: float
+    pix_fmt: str | None
+    bit_rate: int | None
+    rotation_deg: int
+    duration_s: float
+    frame_count: int
+    keyframe_times_s: list[float]
+    non_monotonic_count: int
+    corrupt_packet_count: int
+    max_gap_s: float
+
+
+@dataclass
+class ContainerProbe:
+    format_name: str
+    duration_s: float
+    complete: bool
+    streams: list[StreamProbe] = field(default_factory=list)
+    error: str | None = None
+
+
+def _seconds(value: int | None, time_base: Fraction | None) -> float:
+    if value is None or time_base is None:
+        return 0.0
+    return float(value * time_base)
+
+
+def probe_container(path: Path) -> ContainerProbe:
+    """Demux every packet (no decoding) and index each video stream's GOPs and timestamps.
+
+    Raises ProbeError when the file is not a readable video container at all.
+    """
+    try:
+        container = av.open(str(path))
+    except (av.error.FFmpegError, UnicodeDecodeError) as exc:
+        raise ProbeError(f"cannot open container: {exc}") from exc
+    with container:
+        videos = list(container.streams.video)
+        if not videos:
+            raise ProbeError("no video stream")
+        header_duration = (container.duration or 0) / 1_000_000  # AV_TIME_BASE is microseconds
+        state = {
+            s.index: {"dts": [], "pts": [], "key": [], "corrupt": 0, "dur": []} for s in videos
+        }
+        error: str | None = None
+        try:
+            for packet in container.demux(videos):
+                if packet.size == 0:  # flush packet at end of stream
+                    continue
+                entry = state[packet.stream.index]
+                entry["dts"].append(packet.dts)
+                entry["pts"].append(packet.pts)
+                entry["dur"].append(packet.duration or 0)
+                if packet.is_keyframe:
+                    entry["key"].append(packet.pts)
+                if packet.is_corrupt:
+                    entry["corrupt"] += 1
+        except av.error.FFmpegError as exc:
+            error = f"demux stopped early: {exc}"
+        streams = [_stream_probe(s, state[s.index]) for s in videos]
+    primary = streams[0]
+    duration = header_duration or primary.duration_s
+    # Complete: demux reached the end cleanly and the packets cover the duration the header
+    # announces (a truncated MKV/WebM keeps its header but loses its tail).
+    covers = primary.duration_s >= duration - max(0.5, 2.0 / max(primary.fps, 1.0))
+    return ContainerProbe(
+        format_name=str(container.format.name),
+        duration_s=duration,
+        complete=error is None and covers,
+        streams=streams,
+        error=error,
+    )
+
+
+def _stream_probe(stream: av.video.stream.VideoStream, entry: dict) -> StreamProbe:  # type: ignore[type-arg]
+    tb = stream.time_base
+    dts = [d for d in entry["dts"] if d is not None]
+    pts = sorted(p for p in entry["pts"] if p is not None)
+    non_monotonic = sum(1 for a, b in zip(dts, dts[1:], strict=False) if b <= a)
+    gaps = [_seconds(b - a, tb) for a, b in zip(pts, pts[1:], strict=False)]
+    last_dur = entry["dur"][-1] if entry["dur"] else 0
+    duration = _seconds(pts[-1] - pts[0] + last_dur, tb) if pts else 0.0
+    rate = stream.average_rate or stream.guessed_rate
+    ctx = stream.codec_context
+    rotation = 0
+    try:
+        rotation = int(stream.metadata.get("rotate", "0"))
+    except ValueError:
+        rotation = 0
+    return StreamProbe(
+        index=stream.index,
+        codec=str(ctx.name),
+        width=int(ctx.width or 0),
+        height=int(ctx.height or 0),
+        fps=float(rate) if rate else 0.0,
+        pix_fmt=str(ctx.pix_fmt) if ctx.pix_fmt else None,
+        bit_rate=int(ctx.bit_rate) if ctx.bit_rate else None,
+        rotation_deg=rotation,
+        duration_s=duration,
+        frame_count=len(entry["pts"]),
+        keyframe_times_s=sorted(_seconds(k - (pts[0] if pts else 0), tb) for k in entry["key"] if k is not None),
+        non_monotonic_count=non_monotonic,
+        corrupt_packet_count=int(entry["corrupt"]),
+        max_gap_s=max(gaps, default=0.0),
+    )
+
+
+@dataclass
+class KeyframeCheck:
+    decoded: int
+    failed: int
+    first_error: str | None
+
+
+def decode_keyframes(path: Path, stream_index: int, full: bool = False) -> KeyframeCheck:
+    """Decode only the keyframes of one stream (or every frame when `full`)."""
+    decoded = failed = 0
+    first_error: str | None = None
+    with av.open(str(path)) as container:
+        stream = container.streams[stream_index]
+        if not full:
+            stream.codec_context.skip_frame = "NONKEY"
+        for packet in container.demux(stream):
+            if packet.size == 0:
+                continue
+            if not full and not packet.is_keyframe:
+                continue
+            try:
+                frames = packet.decode()
+                decoded += len(frames)
+                if packet.is_corrupt:
+                    raise av.error.InvalidDataError(0, "corrupt packet flag")
+            except av.error.FFmpegError as exc:
+                failed += 1
+                first_error = first_error or str(exc)
+        try:
+            decoded += len(stream.decode(None))  # drain frames the decoder still holds
+        except av.error.FFmpegError as exc:
+            failed += 1
+            first_error = first_error or str(exc)
+    return KeyframeCheck(decoded=decoded, failed=failed, first_error=first_error)
+
+
+def remux_clips(path: Path, stream_index: int, cuts_s: list[float]) -> list[tuple[bytes, int]]:
+    """Cut one stream into standalone MP4 clips in a single demux pass, without re-encoding.
+
+    `cuts_s` are ascending boundaries (seconds from the stream's first pts): clip i holds the
+    packets with cuts_s[i] <= pts < cuts_s[i+1]. Each boundary but the last must be a keyframe
+    time, so every clip decodes on its own. Timestamps are rebased to start at 0. Returns
+    (mp4 bytes, packet count) per clip.
+    """
+    if len(cuts_s) < 2:
+        raise RemuxError("need at least two cut points")
+    import bisect
+
+    buffers = [io.BytesIO() for _ in cuts_s[:-1]]
+    counts = [0] * len(buffers)
+    with av.open(str(path)) as source:
+        in_stream = source.streams[stream_index]
+        tb = in_stream.time_base
+        if tb is None:
+            raise RemuxError("stream has no time base")
+        outputs: dict[int, tuple[av.container.OutputContainer, av.video.stream.VideoStream, int]] = {}
+        origin: int | None = None
+        try:
+            for packet in source.demux(in_stream):
+                if packet.pts is None or packet.size == 0:
+                    continue
+                if origin is None:
+                    origin = packet.pts
+                t = _seconds(packet.pts - origin, tb) + 1e-6
+                clip = bisect.bisect_right(cuts_s, t) - 1
+                if clip < 0 or clip >= len(buffers):
+                    continue
+                if clip not in outputs:
+                    if not packet.is_keyframe:
+                        raise RemuxError(f"clip {clip} start {cuts_s[clip]:.3f}s is not a keyframe")
+                    out = av.open(buffers[clip], mode="w", format="mp4")
+                    out_stream = out.add_stream_from_template(in_stream)
+                    base = packet.dts if packet.dts is not None else packet.pts
+                    outputs[clip] = (out, out_stream, base)
+                out, out_stream, base = outputs[clip]
+                packet.pts -= base
+                if packet.dts is not None:
+                    packet.dts -= base
+                packet.stream = out_stream
+                out.mux(packet)
+                counts[clip] += 1
+        finally:
+            for out, _, _ in outputs.values():
+                out.close()
+    if 0 in counts:
+        raise RemuxError(f"empty clip at index {counts.index(0)}")
+    return [(b.getvalue(), c) for b, c in zip(buffers, counts, strict=True)]
+
+
+def decode_frames(data: bytes) -> Iterator[NDArray[np.uint8]]:
+    """Decode every frame of the first video stream of an in-memory container, as RGB arrays."""
+    with av.open(io.BytesIO(data)) as container:
+        for frame in container.decode(video=0):
+            yield frame.to_ndarray(format="rgb24")
+
+
+def corrupt_keyframes(source: Path, dest: Path, seed: int, every: int = 2) -> int:
+    """Copy `source` to `dest`, replacing the payload of every `every`-th keyframe after the
+    first with random bytes of the same length: the container stays intact (demux works) while
+    decoding those keyframes fails. Returns the number of corrupted packets."""
+    rng = np.random.default_rng(seed)
+    corrupted = 0
+    keyframe_no = 0
+    with av.open(str(source)) as src, av.open(str(dest), mode="w", format=src.format.name.split(",")[0]) as out:
+        in_stream = src.streams.video[0]
+        out_stream = out.add_stream_from_template(in_stream)
+        for packet in src.demux(in_stream):
+            if packet.size == 0:
+                continue
+            if packet.is_keyframe:
+                keyframe_no += 1
+                if keyframe_no > 1 and keyframe_no % every == 0:
+                    data = bytearray(bytes(packet))
+                    data[:] = rng.integers(0, 256, len(data), dtype=np.uint8).tobytes()
+                    replacement = av.Packet(bytes(data))
+                    replacement.pts, replacement.dts = packet.pts, packet.dts
+                    replacement.time_base = packet.time_base
+                    replacement.is_keyframe = True
+                    packet = replacement
+                    corrupted += 1
+            packet.stream = out_stream
+            out.mux(packet)
+    return corrupted
