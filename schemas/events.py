@@ -35,7 +35,10 @@ def dlq_topic(topic: str) -> str:
     return f"{topic}.dlq"
 
 
-ALL_TOPICS = (*STAGE_TOPICS, *(dlq_topic(t) for t in STAGE_TOPICS))
+# Where the metadata service puts records of a DLQ topic that are themselves unreadable.
+TOPIC_METADATA_DLQ = "metadata.dlq"
+DLQ_TOPICS = tuple(dlq_topic(t) for t in STAGE_TOPICS)
+ALL_TOPICS = (*STAGE_TOPICS, *DLQ_TOPICS, TOPIC_METADATA_DLQ)
 
 
 def derive_event_id(*parts: str) -> str:
@@ -132,9 +135,13 @@ class EpisodeDecoded(Event):
     duration_s: float = Field(ge=0)
     streams: list[StreamInfo]
     primary_stream: int = Field(ge=0, description="index into `streams` of the RGB stream")
-    keyframe_times_s: list[float] = Field(description="pts of each keyframe of the primary stream")
+    keyframe_times_s: list[float] = Field(
+        description="seconds from the primary stream's first pts to each of its keyframes"
+    )
+    observed_sha256: Sha256 = Field(description="sha256 of the video bytes decode read")
     imu_rows: int | None = Field(default=None, ge=0)
     imu_cols: int | None = Field(default=None, ge=0)
+    imu_error: str | None = Field(default=None, max_length=2000)
 
 
 class Finding(Model):

@@ -71,6 +71,215 @@ def stack_down() -> None:
     err.print(f"stopped: {', '.join(stopped) or 'nothing'}")
 
 
+# --- services ----------------------------------------------------------------------------
+SERVE_STAGES = ("decode", "validate", "shard", "metadata")
+
+
+@app.command("serve")
+def serve(
+    stage: Annotated[str, typer.Argument(help="decode | validate | shard | metadata")],
+) -> None:
+    """Run one pipeline service (its own consumer group) until SIGTERM/SIGINT."""
+    import asyncio
+    import logging
+    import random
+    import time
+
+    from faststream import FastStream
+
+    if stage not in SERVE_STAGES:
+        raise typer.BadParameter(f"unknown stage {stage!r}; one of {', '.join(SERVE_STAGES)}")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    settings = get_settings()
+    # Staggered start: a fleet restarted together doesn't stampede the broker and object store.
+    time.sleep(random.uniform(0, settings.start_jitter_s))
+    apps = {
+        "decode": "services.decode.app",
+        "validate": "services.validate.app",
+        "shard": "services.shard.app",
+        "metadata": "services.metadata.app",
+    }
+    import importlib
+
+    stream_app: FastStream = importlib.import_module(apps[stage]).build_app(settings)
+    asyncio.run(stream_app.run())
+
+
+# --- synthetic data and the agent ---------------------------------------------------------
+@app.command("synth")
+def synth(
+    episodes: Annotated[int, typer.Option(min=1, help="how many episodes")] = 10,
+    out: Annotated[Path, typer.Option(help="output directory")] = Path("episodes"),
+    seed: Annotated[int, typer.Option(help="same seed, same episodes")] = 0,
+    min_s: Annotated[float, typer.Option(help="shortest duration, seconds")] = 4.0,
+    max_s: Annotated[float, typer.Option(help="longest duration, seconds")] = 6.0,
+    width: int = 320,
+    height: int = 240,
+    fps: int = 30,
+    codecs: Annotated[str, typer.Option(help="comma list cycled over episodes: h264,h265,av1")] = "h264",
+    containers: Annotated[str, typer.Option(help="comma list: mp4,mkv")] = "mp4",
+    depth: Annotated[bool, typer.Option(help="add a depth stream (multi-stream MKV)")] = False,
+    defects: Annotated[str, typer.Option(help="comma list, one per leading episode")] = "",
+) -> None:
+    """Write deterministic synthetic episodes (video + IMU + episode.json)."""
+    from rich.progress import track
+
+    from services.synth.writer import Defect, plan_episodes, write_episode
+
+    specs = plan_episodes(
+        episodes,
+        seed=seed,
+        duration_s=(min_s, max_s),
+        fps=fps,
+        width=width,
+        height=height,
+        codecs=tuple(codecs.split(",")),
+        containers=tuple(containers.split(",")),
+        depth=depth,
+        defects=tuple(Defect(d) for d in defects.split(",") if d),
+    )
+    for spec in track(specs, description="synthesize", console=err):
+        write_episode(spec, out)
+    print_json_line({"episodes": len(specs), "out": str(out)})
+
+
+@agent_app.command("upload")
+def agent_upload(
+    paths: Annotated[list[Path], typer.Argument(help="episode folders, or folders of them")],
+) -> None:
+    """Upload finished episodes and announce each on `episodes.uploaded` (one shot)."""
+    from confluent_kafka import Producer
+    from rich.progress import Progress
+
+    from services.agent.upload import find_episode_dirs, upload_episodes
+    from services.common import kafka
+    from services.common.objectstore import object_store
+
+    settings = get_settings()
+    dirs: list[Path] = []
+    for path in paths:
+        dirs += [path] if (path / "episode.json").exists() else find_episode_dirs(path)
+    failed: list[str] = []
+    with Progress(console=err) as progress:
+        task = progress.add_task("upload", total=len(dirs))
+
+        def done(directory: Path, event: object, error: str | None) -> None:
+            progress.advance(task)
+            if error:
+                failed.append(error)
+                err.print(f"[red]failed[/] {error}")
+
+        acked = upload_episodes(
+            object_store(settings),
+            Producer(kafka.producer_config(settings)),
+            dirs,
+            settings.pipeline_version,
+            on_done=done,
+        )
+    print_json_line({"uploaded": len(acked), "failed": len(failed)})
+
+
+# --- warehouse, schemas, manifests --------------------------------------------------------
+@db_app.command("upgrade")
+def db_upgrade() -> None:
+    """Create or migrate the warehouse schema."""
+    from services.metadata.warehouse import upgrade
+
+    upgrade(get_settings())
+    err.print("warehouse schema is current")
+
+
+@schemas_app.command("export")
+def schemas_export() -> None:
+    """Regenerate the committed JSON Schemas and the AsyncAPI document."""
+    from schemas.compat import export
+    from services.asyncapi import write_asyncapi
+
+    for path in export():
+        err.print(f"wrote {path}")
+    err.print(f"wrote {write_asyncapi(Path('docs/asyncapi.json'))}")
+
+
+@manifest_app.command("build")
+def manifest_build(
+    out: Annotated[Path, typer.Option(help="local directory for the file")] = Path(".stack/manifests"),
+    devices: Annotated[str, typer.Option(help="comma list of device ids")] = "",
+    splits: Annotated[str, typer.Option(help="comma list: train,eval")] = "",
+) -> None:
+    """Build a manifest with one SQL query into an Arrow IPC file (stored under its hash)."""
+    import time
+
+    from services.common.objectstore import object_store
+    from services.manifest.build import build_manifest
+    from services.manifest.query import ManifestFilter
+    from services.metadata.warehouse import make_engine
+
+    settings = get_settings()
+    flt = ManifestFilter(
+        pipeline_version=settings.pipeline_version,
+        devices=[d for d in devices.split(",") if d],
+        splits=[s for s in splits.split(",") if s],
+    )
+    started = time.perf_counter()
+    built = build_manifest(
+        settings.database_libpq_url, make_engine(settings), object_store(settings), flt, out
+    )
+    print_json_line(
+        {
+            "manifest": built.object_key,
+            "path": str(built.local_path),
+            "rows": built.rows,
+            "bytes": built.size_bytes,
+            "build_s": round(time.perf_counter() - started, 4),
+        }
+    )
+
+
+@manifest_app.command("inspect")
+def manifest_inspect(path: Path, rows: int = 5) -> None:
+    """Show a manifest's schema, metadata and first rows (memory-mapped, zero-copy)."""
+    from services.manifest.load import load_manifest
+
+    table = load_manifest(path)
+    err.print(table.schema)
+    err.print(table.slice(0, rows).to_pandas() if False else table.slice(0, rows).to_pylist())
+    print_json_line({"rows": table.num_rows, "columns": table.column_names})
+
+
+# --- the demo -----------------------------------------------------------------------------
+@app.command("demo")
+def demo(
+    episodes: Annotated[int, typer.Option(min=1)] = 20,
+    seed: int = 0,
+    timeout_s: Annotated[float, typer.Option(help="give up waiting after this long")] = 600.0,
+    as_json: Annotated[bool, typer.Option("--json", help="print only the JSON line")] = False,
+) -> None:
+    """Bring up the stack, synthesize episodes, run every service, upload, catalog, manifest."""
+    from dataclasses import asdict
+
+    from rich.table import Table
+
+    from services.common.settings import reset_settings_cache
+    from services.demo.run import run_demo
+    from services.stack.provision import stack_up as bring_up
+
+    base = get_settings()
+    bring_up(base, log=lambda line: err.print(f"[dim]stack:[/] {line}"))
+    reset_settings_cache()
+    settings = get_settings()
+    result = run_demo(settings, episodes, seed, settings.stack_dir / "demo", timeout_s)
+    if not as_json:
+        table = Table(title="egoline demo")
+        table.add_column("what")
+        table.add_column("value", justify="right")
+        for key, value in asdict(result).items():
+            table.add_row(key, str(value))
+        Console().print(table)
+    print_json_line(asdict(result))
+    if result.cataloged != result.episodes:
+        raise typer.Exit(1)
+
+
 def main() -> None:
     app()
 

@@ -16,7 +16,7 @@ def client_config(settings: Settings) -> dict[str, Any]:
     """librdkafka settings shared by producers, consumers and the admin client."""
     config: dict[str, Any] = {
         "bootstrap.servers": settings.require("kafka_bootstrap"),
-        "security.protocol": settings.kafka_security_protocol,
+        "security.protocol": settings.kafka_security_protocol.lower(),
         # Brokers (and Tansu after ~2.5 s) close idle connections; clients reconnect by
         # themselves, so the per-close log line is noise.
         "log.connection.close": False,

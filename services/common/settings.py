@@ -73,6 +73,7 @@ class Settings(BaseSettings):
     split_key: str = Field(default="session", pattern="^(session|device)$")
     eval_fraction: float = Field(default=0.1, ge=0, le=1)
     metrics_port: int | None = None
+    start_jitter_s: float = Field(default=1.0, ge=0, description="staggered start: max delay")
 
     @property
     def database_sqlalchemy_url(self) -> str:

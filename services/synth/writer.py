@@ -19,7 +19,7 @@ from services.media.av_io import EncodeStream, corrupt_keyframes, encode_video
 from services.synth import scene
 from services.synth.ebml import shift_block_timestamps
 
-MARKER = "episode.json"
+from services.agent.upload import COMPLETION_MARKER as MARKER
 
 
 class Defect(StrEnum):

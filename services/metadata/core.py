@@ -1,0 +1,232 @@
+"""Pure SQL building for the metadata service: one event -> the idempotent upserts it implies.
+
+Every statement is an upsert keyed by a natural key (episode id, object key, clip key +
+pipeline version...), so replaying any event, in any order, converges to the same warehouse.
+Episode status only moves forward (see `STATUS_RANK`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pydantic import ValidationError
+from sqlalchemy import Executable, case, func, update
+from sqlalchemy.dialects.postgresql import insert
+
+from schemas.events import (
+    TOPIC_DECODED,
+    TOPIC_SHARDS,
+    TOPIC_UPLOADED,
+    TOPIC_VALIDATED,
+    DlqRecord,
+    EpisodeDecoded,
+    EpisodeRef,
+    EpisodeUploaded,
+    EpisodeValidated,
+    ShardsWritten,
+    Verdict,
+)
+from services.metadata.warehouse import (
+    clips,
+    dead_letters,
+    decode_meta,
+    devices,
+    episodes,
+    raw_objects,
+    shards,
+    verdicts,
+)
+
+STATUS_RANK = {
+    "uploaded": 1,
+    "decoded": 2,
+    "validated": 3,
+    "sharded": 4,
+    "rejected": 5,
+    "dead_lettered": 5,
+}
+TERMINAL = ("sharded", "rejected", "dead_lettered")
+
+
+def assign_split(group_key: str, eval_fraction: float) -> str:
+    """A stable split from a hash of the grouping key (session or device id).
+
+    The same key always maps to the same split, whatever else is in the corpus, so growing the
+    corpus never moves an episode and a session never straddles train and eval.
+    """
+    bucket = int.from_bytes(hashlib.sha256(group_key.encode()).digest()[:8], "big") / 2**64
+    return "eval" if bucket < eval_fraction else "train"
+
+
+def upsert_episode(ref: EpisodeRef, status: str, split_key: str, eval_fraction: float) -> list[Executable]:
+    group = ref.session_id if split_key == "session" else ref.device_id
+    stmt = insert(episodes).values(
+        episode_id=ref.episode_id,
+        device_id=ref.device_id,
+        session_id=ref.session_id,
+        started_at=ref.started_at,
+        split=assign_split(group, eval_fraction),
+        status=status,
+        status_rank=STATUS_RANK[status],
+    )
+    advance = stmt.excluded.status_rank > episodes.c.status_rank
+    stmt = stmt.on_conflict_do_update(
+        index_elements=[episodes.c.episode_id],
+        set_={
+            "status": case((advance, stmt.excluded.status), else_=episodes.c.status),
+            "status_rank": func.greatest(stmt.excluded.status_rank, episodes.c.status_rank),
+            "updated_at": func.now(),
+        },
+    )
+    raws = [
+        insert(raw_objects)
+        .values(
+            object_key=f.key,
+            episode_id=ref.episode_id,
+            kind=kind,
+            sha256=f.sha256,
+            size_bytes=f.size_bytes,
+        )
+        .on_conflict_do_nothing()
+        for kind, f in (("video", ref.video), ("imu", ref.imu))
+        if f is not None
+    ]
+    device = insert(devices).values(device_id=ref.device_id).on_conflict_do_nothing()
+    return [device, stmt, *raws]
+
+
+def statements_for(topic: str, body: bytes, split_key: str, eval_fraction: float) -> list[Executable]:
+    """The upserts for one record of `topic` (a stage topic or a DLQ). Raises ValidationError
+    or ValueError for a record that isn't a valid event."""
+    if topic == TOPIC_UPLOADED:
+        up = EpisodeUploaded.model_validate_json(body)
+        return upsert_episode(up.episode, "uploaded", split_key, eval_fraction)
+    if topic == TOPIC_DECODED:
+        dec = EpisodeDecoded.model_validate_json(body)
+        return [*upsert_episode(dec.episode, "decoded", split_key, eval_fraction), _decode_row(dec)]
+    if topic == TOPIC_VALIDATED:
+        val = EpisodeValidated.model_validate_json(body)
+        status = "rejected" if val.verdict is Verdict.REJECT else "validated"
+        return [
+            *upsert_episode(val.decoded.episode, status, split_key, eval_fraction),
+            _decode_row(val.decoded),
+            _verdict_row(val),
+        ]
+    if topic == TOPIC_SHARDS:
+        return _shard_rows(ShardsWritten.model_validate_json(body), split_key, eval_fraction)
+    if topic.endswith(".dlq"):
+        return _dead_letter_rows(DlqRecord.model_validate_json(body), split_key, eval_fraction)
+    raise ValueError(f"metadata does not consume {topic}")
+
+
+def _decode_row(dec: EpisodeDecoded) -> Executable:
+    s = dec.streams[dec.primary_stream]
+    values = {
+        "episode_id": dec.episode.episode_id,
+        "pipeline_version": dec.pipeline_version,
+        "event_id": dec.event_id,
+        "container_format": dec.container_format,
+        "duration_s": dec.duration_s,
+        "codec": s.codec,
+        "width": s.width,
+        "height": s.height,
+        "fps": s.fps,
+        "frame_count": s.frame_count,
+        "keyframe_count": s.keyframe_count,
+        "streams": [x.model_dump() for x in dec.streams],
+    }
+    stmt = insert(decode_meta).values(**values)
+    return stmt.on_conflict_do_update(
+        index_elements=[decode_meta.c.episode_id, decode_meta.c.pipeline_version],
+        set_={k: stmt.excluded[k] for k in values if k not in ("episode_id", "pipeline_version")},
+    )
+
+
+def _verdict_row(val: EpisodeValidated) -> Executable:
+    values = {
+        "episode_id": val.decoded.episode.episode_id,
+        "pipeline_version": val.pipeline_version,
+        "event_id": val.event_id,
+        "verdict": val.verdict.value,
+        "reasons": [r.model_dump(mode="json") for r in val.reasons],
+        "warnings": [w.model_dump(mode="json") for w in val.warnings],
+    }
+    stmt = insert(verdicts).values(**values)
+    return stmt.on_conflict_do_update(
+        index_elements=[verdicts.c.episode_id, verdicts.c.pipeline_version],
+        set_={k: stmt.excluded[k] for k in ("event_id", "verdict", "reasons", "warnings")},
+    )
+
+
+def _shard_rows(event: ShardsWritten, split_key: str, eval_fraction: float) -> list[Executable]:
+    out: list[Executable] = []
+    for ref in event.episodes:
+        out += upsert_episode(ref, "sharded", split_key, eval_fraction)
+    out.append(
+        insert(shards)
+        .values(
+            shard_key=event.shard_key,
+            index_key=event.index_key,
+            sha256=event.shard_sha256,
+            size_bytes=event.size_bytes,
+            clip_count=len(event.clips),
+            pipeline_version=event.pipeline_version,
+            event_id=event.event_id,
+        )
+        .on_conflict_do_nothing()
+    )
+    for clip in event.clips:
+        values = {**clip.model_dump(), "shard_key": event.shard_key, "pipeline_version": event.pipeline_version}
+        stmt = insert(clips).values(**values)
+        out.append(
+            stmt.on_conflict_do_update(
+                index_elements=[clips.c.clip_key, clips.c.pipeline_version],
+                set_={k: stmt.excluded[k] for k in values if k not in ("clip_key", "pipeline_version")},
+            )
+        )
+    return out
+
+
+def _dead_letter_rows(record: DlqRecord, split_key: str, eval_fraction: float) -> list[Executable]:
+    ref = _episode_in(record)
+    out: list[Executable] = []
+    if ref is not None:
+        out += upsert_episode(ref, "dead_lettered", split_key, eval_fraction)
+    out.append(
+        insert(dead_letters)
+        .values(
+            event_id=record.event_id,
+            stage=record.stage,
+            source_topic=record.source_topic,
+            reason_code=record.reason_code.value,
+            reason=record.reason,
+            episode_id=ref.episode_id if ref else None,
+            failed_at=record.failed_at,
+        )
+        .on_conflict_do_nothing()
+    )
+    if ref is not None:
+        # A dead letter ends the episode's journey even if it was already further along.
+        out.append(
+            update(episodes)
+            .where(episodes.c.episode_id == ref.episode_id, episodes.c.status_rank < 5)
+            .values(status="dead_lettered", status_rank=5)
+        )
+    return out
+
+
+def _episode_in(record: DlqRecord) -> EpisodeRef | None:
+    """The episode a dead-lettered record was about, if the original says so validly."""
+    if record.original_encoding != "utf-8":
+        return None
+    try:
+        payload = json.loads(record.original_value)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(payload, dict):
+        return None
+    candidate = payload.get("episode") or (payload.get("decoded") or {}).get("episode")
+    try:
+        return EpisodeRef.model_validate(candidate) if candidate else None
+    except ValidationError:
+        return None
