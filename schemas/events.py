@@ -156,7 +156,7 @@ class Verdict(StrEnum):
 
 
 class EpisodeValidated(Event):
-    """`episodes.validated`: the verdict with every reason; carries the probe for the shard stage."""
+    """`episodes.validated`: the verdict with its reasons; carries the probe for the shard stage."""
 
     schema_version: Literal[1] = 1
     decoded: EpisodeDecoded

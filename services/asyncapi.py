@@ -17,13 +17,15 @@ def asyncapi_document() -> dict[str, object]:
     from services.shard.app import build_app as shard_app
     from services.validate.app import build_app as validate_app
 
-    settings = Settings(  # type: ignore[call-arg]
+    settings = Settings(
         _env_file=None,
         kafka_bootstrap="kafka:9092",
         database_url="postgresql://egoline@postgres:5432/egoline",
         s3_endpoint="http://minio:9000",
     )
-    brokers = [build(settings).broker for build in (decode_app, validate_app, shard_app, metadata_app)]
+    brokers = [
+        build(settings).broker for build in (decode_app, validate_app, shard_app, metadata_app)
+    ]
     spec = AsyncAPI(
         *brokers,  # type: ignore[arg-type]
         title="egoline",

@@ -13,7 +13,9 @@ from rich.console import Console
 from services.common.settings import get_settings
 
 app = typer.Typer(help="egoline: streaming ingestion for robotics video", no_args_is_help=True)
-stack_app = typer.Typer(help="The embedded stack (Tansu, PostgreSQL, moto S3)", no_args_is_help=True)
+stack_app = typer.Typer(
+    help="The embedded stack (Tansu, PostgreSQL, moto S3)", no_args_is_help=True
+)
 schemas_app = typer.Typer(help="Event schemas", no_args_is_help=True)
 db_app = typer.Typer(help="The Postgres warehouse", no_args_is_help=True)
 manifest_app = typer.Typer(help="Manifests: build, inspect", no_args_is_help=True)
@@ -52,7 +54,9 @@ def stack_status(
     from services.stack import health
 
     report = health.check(get_settings())
-    status = {n: {"ok": h.ok, "endpoint": h.endpoint, "detail": h.detail} for n, h in report.items()}
+    status = {
+        n: {"ok": h.ok, "endpoint": h.endpoint, "detail": h.detail} for n, h in report.items()
+    }
     if not as_json:
         for name, h in report.items():
             mark = "[green]ok[/]" if h.ok else "[red]down[/]"
@@ -116,7 +120,9 @@ def synth(
     width: int = 320,
     height: int = 240,
     fps: int = 30,
-    codecs: Annotated[str, typer.Option(help="comma list cycled over episodes: h264,h265,av1")] = "h264",
+    codecs: Annotated[
+        str, typer.Option(help="comma list cycled over episodes: h264,h265,av1")
+    ] = "h264",
     containers: Annotated[str, typer.Option(help="comma list: mp4,mkv")] = "mp4",
     depth: Annotated[bool, typer.Option(help="add a depth stream (multi-stream MKV)")] = False,
     defects: Annotated[str, typer.Option(help="comma list, one per leading episode")] = "",
@@ -202,7 +208,9 @@ def schemas_export() -> None:
 
 @manifest_app.command("build")
 def manifest_build(
-    out: Annotated[Path, typer.Option(help="local directory for the file")] = Path(".stack/manifests"),
+    out: Annotated[Path, typer.Option(help="local directory for the file")] = Path(
+        ".stack/manifests"
+    ),
     devices: Annotated[str, typer.Option(help="comma list of device ids")] = "",
     splits: Annotated[str, typer.Option(help="comma list: train,eval")] = "",
 ) -> None:

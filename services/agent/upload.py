@@ -19,8 +19,6 @@ from schemas.events import TOPIC_UPLOADED, EpisodeRef, EpisodeUploaded, SourceFi
 from services.common.files import sha256_file
 from services.common.objectstore import ObjectStore
 
-
-
 # A recording is finished when its folder holds this file (written last, atomically).
 COMPLETION_MARKER = "episode.json"
 MARKER = COMPLETION_MARKER
@@ -50,7 +48,9 @@ def describe_episode(directory: Path) -> tuple[EpisodeRef, Path, Path | None]:
     except (OSError, ValueError, KeyError) as exc:
         raise AgentInputError(f"{directory}: unreadable {MARKER}: {exc}") from exc
     for path in (video, imu):
-        if path is not None and (path.resolve().parent != directory.resolve() or not path.is_file()):
+        if path is not None and (
+            path.resolve().parent != directory.resolve() or not path.is_file()
+        ):
             raise AgentInputError(f"{directory}: {path.name} missing or outside the episode folder")
     started = datetime.fromisoformat(str(meta["started_at"]))
     video_sha = sha256_file(video)
@@ -61,14 +61,18 @@ def describe_episode(directory: Path) -> tuple[EpisodeRef, Path, Path | None]:
             session_id=meta["session_id"],
             started_at=started,
             video=SourceFile(
-                key=raw_key(meta["device_id"], started, meta["episode_id"], video_sha, video.suffix[1:]),
+                key=raw_key(
+                    meta["device_id"], started, meta["episode_id"], video_sha, video.suffix[1:]
+                ),
                 sha256=video_sha,
                 size_bytes=video.stat().st_size,
             ),
             imu=None
             if imu is None
             else SourceFile(
-                key=raw_key(meta["device_id"], started, meta["episode_id"], sha := sha256_file(imu), "npy"),
+                key=raw_key(
+                    meta["device_id"], started, meta["episode_id"], sha := sha256_file(imu), "npy"
+                ),
                 sha256=sha,
                 size_bytes=imu.stat().st_size,
             ),
@@ -121,7 +125,9 @@ def upload_episodes(
         upload_files(store, ref, video, imu)
         event = uploaded_event(ref, pipeline_version)
 
-        def delivered(err: object, _msg: object, event: EpisodeUploaded = event, d: Path = directory) -> None:
+        def delivered(
+            err: object, _msg: object, event: EpisodeUploaded = event, d: Path = directory
+        ) -> None:
             if err is None:
                 acked.append(event)
                 on_done(d, event, None)

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from confluent_kafka import KafkaException
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from services.common.settings import Settings
 

@@ -41,13 +41,17 @@ class ObjectStore:
                 if exc.code not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
                     raise
 
-    def put_file(self, key: str, path: Path, content_type: str = "application/octet-stream") -> None:
+    def put_file(
+        self, key: str, path: Path, content_type: str = "application/octet-stream"
+    ) -> None:
         """Upload a file; large files go as multipart uploads of `part_size` bytes."""
         self.client.fput_object(
             self.bucket, key, str(path), content_type=content_type, part_size=self.part_size
         )
 
-    def put_bytes(self, key: str, data: bytes, content_type: str = "application/octet-stream") -> None:
+    def put_bytes(
+        self, key: str, data: bytes, content_type: str = "application/octet-stream"
+    ) -> None:
         self.client.put_object(
             self.bucket, key, io.BytesIO(data), len(data), content_type=content_type
         )

@@ -103,7 +103,7 @@ class Settings(BaseSettings):
 @lru_cache(maxsize=1)
 def get_settings() -> Settings:
     """The process-wide settings: environment first, then the stack's endpoints file."""
-    return Settings(_env_file=_endpoints_file())  # type: ignore[call-arg]
+    return Settings(_env_file=_endpoints_file())
 
 
 def reset_settings_cache() -> None:

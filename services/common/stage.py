@@ -53,7 +53,9 @@ class TransientError(Exception):
 
 
 def is_transient(exc: BaseException) -> bool:
-    if isinstance(exc, TransientError | KafkaException | HTTPError | ConnectionError | TimeoutError):
+    if isinstance(
+        exc, TransientError | KafkaException | HTTPError | ConnectionError | TimeoutError
+    ):
         return True
     if isinstance(exc, S3Error):
         return exc.code not in _S3_PERMANENT_CODES
@@ -83,11 +85,7 @@ def parse_event(body: bytes, model: type[M]) -> M:
 
 def make_broker(settings: Settings, service: str, **kwargs: Any) -> KafkaBroker:
     """The faststream broker of one service: idempotent producer, shared client config."""
-    config = {
-        k: v
-        for k, v in client_config(settings).items()
-        if k not in ("bootstrap.servers",)
-    }
+    config = {k: v for k, v in client_config(settings).items() if k not in ("bootstrap.servers",)}
     return KafkaBroker(
         settings.require("kafka_bootstrap"),
         client_id=f"egoline-{service}",
@@ -122,7 +120,13 @@ async def publish_event(broker: KafkaBroker, topic: str, event: BaseModel, key: 
 
 
 def dlq_record(
-    stage: str, topic: str, partition: int, offset: int, key: bytes | None, value: bytes, error: PermanentError
+    stage: str,
+    topic: str,
+    partition: int,
+    offset: int,
+    key: bytes | None,
+    value: bytes,
+    error: PermanentError,
 ) -> DlqRecord:
     """The dead-letter envelope: the original record untouched, plus where and why it failed."""
     try:
@@ -140,7 +144,7 @@ def dlq_record(
         reason=error.message[:4000],
         original_key=key.decode("utf-8", "replace") if key is not None else None,
         original_value=original,
-        original_encoding=encoding,  # type: ignore[arg-type]
+        original_encoding=encoding,
     )
 
 
@@ -166,7 +170,11 @@ class Consume:
     ) -> None:
         raw = msg.raw_message
         assert not isinstance(raw, tuple)
-        topic, partition, offset = str(raw.topic()), int(raw.partition() or 0), int(raw.offset() or 0)
+        topic, partition, offset = (
+            str(raw.topic()),
+            int(raw.partition() or 0),
+            int(raw.offset() or 0),
+        )
         where = (topic, partition, offset)
         body = raw.value() or b""
         try:
@@ -180,7 +188,9 @@ class Consume:
             if not is_transient(exc):
                 # A bug or an input we did not foresee: dead-letter it rather than block the
                 # partition forever; the reason keeps the exception for the post-mortem.
-                log.exception("%s: unexpected error on %s[%d]@%d", self.stage, topic, partition, offset)
+                log.exception(
+                    "%s: unexpected error on %s[%d]@%d", self.stage, topic, partition, offset
+                )
                 wrapped = PermanentError(ReasonCode.INTERNAL_ERROR, f"{type(exc).__name__}: {exc}")
                 record = dlq_record(self.stage, topic, partition, offset, raw.key(), body, wrapped)
                 await publish_event(self.broker, self.dlq_for(topic), record, key=record.event_id)
@@ -191,7 +201,13 @@ class Consume:
                 delay = min(self.max_backoff_s, 0.5 * 2 ** (attempt - 1)) * random.uniform(0.5, 1.0)
                 log.warning(
                     "%s: transient failure on %s[%d]@%d (attempt %d, retry in %.1fs): %s",
-                    self.stage, topic, partition, offset, attempt, delay, exc,
+                    self.stage,
+                    topic,
+                    partition,
+                    offset,
+                    attempt,
+                    delay,
+                    exc,
                 )
                 await msg.nack()
                 await asyncio.sleep(delay)

@@ -34,7 +34,9 @@ from services.media.av_io import ProbeError, probe_container
 GROUP = "egoline-decode"
 
 
-def decode_episode(store: ObjectStore, uploaded: EpisodeUploaded, pipeline_version: str) -> EpisodeDecoded:
+def decode_episode(
+    store: ObjectStore, uploaded: EpisodeUploaded, pipeline_version: str
+) -> EpisodeDecoded:
     """Fetch the raw files, probe by demuxing, and build the decoded event (blocking I/O)."""
     episode = uploaded.episode
     with tempfile.TemporaryDirectory(prefix="egoline-decode-") as tmp:

@@ -11,7 +11,7 @@ from confluent_kafka import Producer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from sqlalchemy import Engine, func, select
 
-from services.agent.upload import find_episode_dirs, upload_episodes
+from services.agent.upload import upload_episodes
 from services.common import kafka
 from services.common.objectstore import object_store
 from services.common.settings import Settings
@@ -69,11 +69,17 @@ def wait_until_cataloged(
     return done
 
 
-def run_demo(settings: Settings, count: int, seed: int, work_dir: Path, timeout_s: float) -> DemoResult:
+def run_demo(
+    settings: Settings, count: int, seed: int, work_dir: Path, timeout_s: float
+) -> DemoResult:
     started = time.monotonic()
     episodes_dir = work_dir / "episodes"
     specs = plan_episodes(
-        count, seed=seed, duration_s=(12.0, 24.0), codecs=("h264", "h265"), containers=("mp4", "mkv")
+        count,
+        seed=seed,
+        duration_s=(12.0, 24.0),
+        codecs=("h264", "h265"),
+        containers=("mp4", "mkv"),
     )
     progress = Progress(
         TextColumn("{task.description:<12}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()
@@ -89,7 +95,10 @@ def run_demo(settings: Settings, count: int, seed: int, work_dir: Path, timeout_
         producer = Producer(kafka.producer_config(settings))
         dirs = [episodes_dir / s.episode_id for s in specs]
         upload_episodes(
-            store, producer, dirs, settings.pipeline_version,
+            store,
+            producer,
+            dirs,
+            settings.pipeline_version,
             on_done=lambda *_: progress.advance(upload),
         )
         catalog = progress.add_task("cataloged", total=count)
@@ -107,11 +116,18 @@ def run_demo(settings: Settings, count: int, seed: int, work_dir: Path, timeout_
         )
     ids = [s.episode_id for s in specs]
     with engine.connect() as conn:
-        clip_count = int(conn.execute(select(func.count()).select_from(clips).where(clips.c.episode_id.in_(ids))).scalar_one())
+        clip_count = int(
+            conn.execute(
+                select(func.count()).select_from(clips).where(clips.c.episode_id.in_(ids))
+            ).scalar_one()
+        )
         shard_count = int(conn.execute(select(func.count()).select_from(shards)).scalar_one())
     built = build_manifest(
-        settings.database_libpq_url, engine, store,
-        ManifestFilter(pipeline_version=settings.pipeline_version), work_dir / "manifests",
+        settings.database_libpq_url,
+        engine,
+        store,
+        ManifestFilter(pipeline_version=settings.pipeline_version),
+        work_dir / "manifests",
     )
     table = load_manifest(built.local_path)
     frames = 0

@@ -18,7 +18,16 @@ from services.common.objectstore import ObjectStore
 from services.manifest.query import MANIFEST_FORMAT_VERSION, ManifestFilter, build_query
 from services.metadata.warehouse import manifests
 
-DICTIONARY_COLUMNS = ("shard_key", "device_id", "session_id", "split", "verdict", "codec", "pipeline_version", "raw_key")
+DICTIONARY_COLUMNS = (
+    "shard_key",
+    "device_id",
+    "session_id",
+    "split",
+    "verdict",
+    "codec",
+    "pipeline_version",
+    "raw_key",
+)
 
 
 @dataclass(frozen=True)

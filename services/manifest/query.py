@@ -62,7 +62,9 @@ class ManifestFilter(BaseModel):
     devices: list[str] = Field(default_factory=list)
     splits: list[str] = Field(default_factory=list)
     verdicts: list[str] = Field(default_factory=lambda: ["accept", "accept_with_warnings"])
-    max_warnings: int | None = Field(default=None, ge=0, description="min quality: at most N warnings")
+    max_warnings: int | None = Field(
+        default=None, ge=0, description="min quality: at most N warnings"
+    )
 
 
 def build_query(flt: ManifestFilter) -> tuple[str, list[object]]:

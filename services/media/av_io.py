@@ -7,15 +7,19 @@ second); everything this module returns is in seconds (float) unless a name says
 from __future__ import annotations
 
 import io
+import itertools
 import logging
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
+from typing import cast
 
 import av
 import av.error
 import numpy as np
+from av.container import OutputContainer
+from av.video.stream import VideoStream
 from numpy.typing import NDArray
 
 logging.getLogger("libav").setLevel(logging.CRITICAL)
@@ -54,7 +58,7 @@ def encode_video(
     with av.open(str(path), mode="w", format=container_format) as out:
         encoders = []
         for spec in streams:
-            stream = out.add_stream(ENCODERS[spec.codec], rate=fps)
+            stream = cast(VideoStream, out.add_stream(ENCODERS[spec.codec], rate=fps))
             stream.width = spec.width
             stream.height = spec.height
             stream.pix_fmt = "yuv420p"
@@ -67,7 +71,9 @@ def encode_video(
             elif spec.codec == "h265":
                 stream.codec_context.options = {
                     "preset": "ultrafast",
-                    "x265-params": f"keyint={gop}:min-keyint={gop}:scenecut=0:log-level=error:pools=1",
+                    "x265-params": (
+                        f"keyint={gop}:min-keyint={gop}:scenecut=0:log-level=error:pools=1"
+                    ),
                 }
             else:
                 stream.codec_context.options = {"preset": "12", "svtav1-params": f"keyint={gop}"}
@@ -137,22 +143,20 @@ def probe_container(path: Path) -> ContainerProbe:
         if not videos:
             raise ProbeError("no video stream")
         header_duration = (container.duration or 0) / 1_000_000  # AV_TIME_BASE is microseconds
-        state = {
-            s.index: {"dts": [], "pts": [], "key": [], "corrupt": 0, "dur": []} for s in videos
-        }
+        state = {s.index: _PacketLog() for s in videos}
         error: str | None = None
         try:
             for packet in container.demux(videos):
                 if packet.size == 0:  # flush packet at end of stream
                     continue
                 entry = state[packet.stream.index]
-                entry["dts"].append(packet.dts)
-                entry["pts"].append(packet.pts)
-                entry["dur"].append(packet.duration or 0)
+                entry.dts.append(packet.dts)
+                entry.pts.append(packet.pts)
+                entry.durations.append(packet.duration or 0)
                 if packet.is_keyframe:
-                    entry["key"].append(packet.pts)
+                    entry.keyframes.append(packet.pts)
                 if packet.is_corrupt:
-                    entry["corrupt"] += 1
+                    entry.corrupt += 1
         except av.error.FFmpegError as exc:
             error = f"demux stopped early: {exc}"
         streams = [_stream_probe(s, state[s.index]) for s in videos]
@@ -170,13 +174,24 @@ def probe_container(path: Path) -> ContainerProbe:
     )
 
 
-def _stream_probe(stream: av.video.stream.VideoStream, entry: dict) -> StreamProbe:  # type: ignore[type-arg]
+@dataclass
+class _PacketLog:
+    """Timestamps (in the stream's time_base) of every packet of one stream, in demux order."""
+
+    dts: list[int | None] = field(default_factory=list)
+    pts: list[int | None] = field(default_factory=list)
+    durations: list[int] = field(default_factory=list)
+    keyframes: list[int | None] = field(default_factory=list)
+    corrupt: int = 0
+
+
+def _stream_probe(stream: VideoStream, entry: _PacketLog) -> StreamProbe:
     tb = stream.time_base
-    dts = [d for d in entry["dts"] if d is not None]
-    pts = sorted(p for p in entry["pts"] if p is not None)
-    non_monotonic = sum(1 for a, b in zip(dts, dts[1:], strict=False) if b <= a)
-    gaps = [_seconds(b - a, tb) for a, b in zip(pts, pts[1:], strict=False)]
-    last_dur = entry["dur"][-1] if entry["dur"] else 0
+    dts = [d for d in entry.dts if d is not None]
+    pts = sorted(p for p in entry.pts if p is not None)
+    non_monotonic = sum(1 for a, b in itertools.pairwise(dts) if b <= a)
+    gaps = [_seconds(b - a, tb) for a, b in itertools.pairwise(pts)]
+    last_dur = entry.durations[-1] if entry.durations else 0
     duration = _seconds(pts[-1] - pts[0] + last_dur, tb) if pts else 0.0
     rate = stream.average_rate or stream.guessed_rate
     ctx = stream.codec_context
@@ -195,10 +210,12 @@ def _stream_probe(stream: av.video.stream.VideoStream, entry: dict) -> StreamPro
         bit_rate=int(ctx.bit_rate) if ctx.bit_rate else None,
         rotation_deg=rotation,
         duration_s=duration,
-        frame_count=len(entry["pts"]),
-        keyframe_times_s=sorted(_seconds(k - (pts[0] if pts else 0), tb) for k in entry["key"] if k is not None),
+        frame_count=len(entry.pts),
+        keyframe_times_s=sorted(
+            _seconds(k - (pts[0] if pts else 0), tb) for k in entry.keyframes if k is not None
+        ),
         non_monotonic_count=non_monotonic,
-        corrupt_packet_count=int(entry["corrupt"]),
+        corrupt_packet_count=entry.corrupt,
         max_gap_s=max(gaps, default=0.0),
     )
 
@@ -215,7 +232,7 @@ def decode_keyframes(path: Path, stream_index: int, full: bool = False) -> Keyfr
     decoded = failed = 0
     first_error: str | None = None
     with av.open(str(path)) as container:
-        stream = container.streams[stream_index]
+        stream = cast(VideoStream, container.streams[stream_index])
         if not full:
             stream.codec_context.skip_frame = "NONKEY"
         for packet in container.demux(stream):
@@ -258,7 +275,7 @@ def remux_clips(path: Path, stream_index: int, cuts_s: list[float]) -> list[tupl
         tb = in_stream.time_base
         if tb is None:
             raise RemuxError("stream has no time base")
-        outputs: dict[int, tuple[av.container.OutputContainer, av.video.stream.VideoStream, int]] = {}
+        outputs: dict[int, tuple[OutputContainer, VideoStream, int]] = {}
         origin: int | None = None
         try:
             for packet in source.demux(in_stream):
@@ -274,7 +291,7 @@ def remux_clips(path: Path, stream_index: int, cuts_s: list[float]) -> list[tupl
                     if not packet.is_keyframe:
                         raise RemuxError(f"clip {clip} start {cuts_s[clip]:.3f}s is not a keyframe")
                     out = av.open(buffers[clip], mode="w", format="mp4")
-                    out_stream = out.add_stream_from_template(in_stream)
+                    out_stream = cast(VideoStream, out.add_stream_from_template(in_stream))
                     base = packet.dts if packet.dts is not None else packet.pts
                     outputs[clip] = (out, out_stream, base)
                 out, out_stream, base = outputs[clip]
@@ -294,9 +311,9 @@ def remux_clips(path: Path, stream_index: int, cuts_s: list[float]) -> list[tupl
 
 def decode_frames(data: bytes) -> Iterator[NDArray[np.uint8]]:
     """Decode every frame of the first video stream of an in-memory container, as RGB arrays."""
-    with av.open(io.BytesIO(data)) as container:
+    with av.open(io.BytesIO(data), mode="r") as container:
         for frame in container.decode(video=0):
-            yield frame.to_ndarray(format="rgb24")
+            yield cast(NDArray[np.uint8], frame.to_ndarray(format="rgb24"))
 
 
 def corrupt_keyframes(source: Path, dest: Path, seed: int, every: int = 2) -> int:
@@ -306,7 +323,10 @@ def corrupt_keyframes(source: Path, dest: Path, seed: int, every: int = 2) -> in
     rng = np.random.default_rng(seed)
     corrupted = 0
     keyframe_no = 0
-    with av.open(str(source)) as src, av.open(str(dest), mode="w", format=src.format.name.split(",")[0]) as out:
+    with (
+        av.open(str(source)) as src,
+        av.open(str(dest), mode="w", format=src.format.name.split(",")[0]) as out,
+    ):
         in_stream = src.streams.video[0]
         out_stream = out.add_stream_from_template(in_stream)
         for packet in src.demux(in_stream):
@@ -315,14 +335,15 @@ def corrupt_keyframes(source: Path, dest: Path, seed: int, every: int = 2) -> in
             if packet.is_keyframe:
                 keyframe_no += 1
                 if keyframe_no > 1 and keyframe_no % every == 0:
-                    data = bytearray(bytes(packet))
-                    data[:] = rng.integers(0, 256, len(data), dtype=np.uint8).tobytes()
-                    replacement = av.Packet(bytes(data))
+                    noise = rng.integers(0, 256, packet.size, dtype=np.uint8).tobytes()
+                    replacement = av.Packet(noise)
                     replacement.pts, replacement.dts = packet.pts, packet.dts
                     replacement.time_base = packet.time_base
                     replacement.is_keyframe = True
-                    packet = replacement
+                    replacement.stream = out_stream
+                    out.mux(replacement)
                     corrupted += 1
+                    continue
             packet.stream = out_stream
             out.mux(packet)
     return corrupted

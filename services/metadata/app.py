@@ -18,7 +18,13 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 
 from schemas.events import DLQ_TOPICS, STAGE_TOPICS, TOPIC_METADATA_DLQ, ReasonCode, dlq_topic
 from services.common.settings import Settings
-from services.common.stage import Consume, PermanentError, TransientError, make_broker, subscriber_options
+from services.common.stage import (
+    Consume,
+    PermanentError,
+    TransientError,
+    make_broker,
+    subscriber_options,
+)
 from services.metadata.core import statements_for
 from services.metadata.warehouse import make_engine, processed_events
 

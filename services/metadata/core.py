@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+
 from pydantic import ValidationError
 from sqlalchemy import Executable, case, func, update
 from sqlalchemy.dialects.postgresql import insert
@@ -58,7 +59,9 @@ def assign_split(group_key: str, eval_fraction: float) -> str:
     return "eval" if bucket < eval_fraction else "train"
 
 
-def upsert_episode(ref: EpisodeRef, status: str, split_key: str, eval_fraction: float) -> list[Executable]:
+def upsert_episode(
+    ref: EpisodeRef, status: str, split_key: str, eval_fraction: float
+) -> list[Executable]:
     group = ref.session_id if split_key == "session" else ref.device_id
     stmt = insert(episodes).values(
         episode_id=ref.episode_id,
@@ -95,7 +98,9 @@ def upsert_episode(ref: EpisodeRef, status: str, split_key: str, eval_fraction: 
     return [device, stmt, *raws]
 
 
-def statements_for(topic: str, body: bytes, split_key: str, eval_fraction: float) -> list[Executable]:
+def statements_for(
+    topic: str, body: bytes, split_key: str, eval_fraction: float
+) -> list[Executable]:
     """The upserts for one record of `topic` (a stage topic or a DLQ). Raises ValidationError
     or ValueError for a record that isn't a valid event."""
     if topic == TOPIC_UPLOADED:
@@ -176,12 +181,18 @@ def _shard_rows(event: ShardsWritten, split_key: str, eval_fraction: float) -> l
         .on_conflict_do_nothing()
     )
     for clip in event.clips:
-        values = {**clip.model_dump(), "shard_key": event.shard_key, "pipeline_version": event.pipeline_version}
+        values = {
+            **clip.model_dump(),
+            "shard_key": event.shard_key,
+            "pipeline_version": event.pipeline_version,
+        }
         stmt = insert(clips).values(**values)
         out.append(
             stmt.on_conflict_do_update(
                 index_elements=[clips.c.clip_key, clips.c.pipeline_version],
-                set_={k: stmt.excluded[k] for k in values if k not in ("clip_key", "pipeline_version")},
+                set_={
+                    k: stmt.excluded[k] for k in values if k not in ("clip_key", "pipeline_version")
+                },
             )
         )
     return out

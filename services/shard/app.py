@@ -53,7 +53,9 @@ def clip_key(episode_id: str, clip_index: int) -> str:
     return f"{episode_id}_{clip_index:05d}"
 
 
-def cut_episode(store: ObjectStore, validated: EpisodeValidated, target_s: float) -> list[tuple[dict[str, object], list[Member]]]:
+def cut_episode(
+    store: ObjectStore, validated: EpisodeValidated, target_s: float
+) -> list[tuple[dict[str, object], list[Member]]]:
     """Remux one accepted episode into clips: [(clip metadata, its members)] (blocking I/O)."""
     decoded = validated.decoded
     episode = decoded.episode

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import itertools
 import tarfile
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -17,7 +18,9 @@ from dataclasses import dataclass
 SHARD_FORMAT_VERSION = 1
 
 
-def plan_clips(keyframe_times_s: Sequence[float], duration_s: float, target_s: float) -> list[tuple[float, float]]:
+def plan_clips(
+    keyframe_times_s: Sequence[float], duration_s: float, target_s: float
+) -> list[tuple[float, float]]:
     """Cut [0, duration) at keyframes into clips of about `target_s` seconds.
 
     Each clip starts on a keyframe and runs to the first keyframe at or past start + target
@@ -36,7 +39,7 @@ def plan_clips(keyframe_times_s: Sequence[float], duration_s: float, target_s: f
     if len(cuts) > 1 and duration_s - cuts[-1] < target_s / 2:
         cuts.pop()
     cuts.append(duration_s)
-    return list(zip(cuts, cuts[1:], strict=False))
+    return list(itertools.pairwise(cuts))
 
 
 def pack_first_fit_decreasing(sizes: Sequence[int], capacity: int) -> list[list[int]]:

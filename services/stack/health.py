@@ -35,7 +35,11 @@ def kafka_round_trip(settings: Settings, timeout_s: float = 10.0) -> None:
     if not delivered:
         raise RuntimeError("kafka: produce was not acknowledged")
     consumer = Consumer(
-        {**kafka.client_config(settings), "group.id": "egoline-healthcheck", "enable.auto.commit": False}
+        {
+            **kafka.client_config(settings),
+            "group.id": "egoline-healthcheck",
+            "enable.auto.commit": False,
+        }
     )
     try:
         consumer.assign([TopicPartition(HEALTH_TOPIC, 0, delivered[0])])
@@ -61,7 +65,9 @@ def postgres_create_database(settings: Settings) -> None:
     with psycopg.connect(f"{base}/postgres", autocommit=True, connect_timeout=5) as conn:
         exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (dbname,)).fetchone()
         if not exists:
-            conn.execute(psycopg.sql.SQL("CREATE DATABASE {}").format(psycopg.sql.Identifier(dbname)))
+            conn.execute(
+                psycopg.sql.SQL("CREATE DATABASE {}").format(psycopg.sql.Identifier(dbname))
+            )
 
 
 def s3_round_trip(settings: Settings) -> None:

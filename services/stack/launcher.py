@@ -15,8 +15,8 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -200,18 +200,19 @@ class Stack:
 
             ensure_user_exists(PG_SYSTEM_USER)
             ensure_prefix_permissions(self.dir)
-            os.chmod(self.dir, 0o755)
+            # the postgres system user must traverse the stack dir to reach its data dir
+            os.chmod(self.dir, 0o755)  # noqa: S103
             run_as = PG_SYSTEM_USER
         # Kafka and S3 are memory-only here, so a fresh embedded stack starts with a fresh
         # warehouse too: a warehouse pointing at objects that no longer exist helps nobody.
         if pgdata.exists():
             shutil.rmtree(pgdata)
         pgdata.mkdir(mode=0o700)
-        socket_dir = Path("/tmp") / f"egoline-pg-{uuid.uuid4().hex[:8]}"
-        socket_dir.mkdir(mode=0o777)
-        socket_dir.chmod(0o777)
+        # Unix socket paths are limited to ~107 bytes: keep the socket out of a deep work tree.
+        socket_dir = Path(tempfile.mkdtemp(prefix="egoline-pg-"))
         if run_as:
             shutil.chown(pgdata, run_as, run_as)
+            shutil.chown(socket_dir, run_as, run_as)
         subprocess.run(
             [
                 str(POSTGRES_BIN_PATH / "initdb"),

@@ -16,14 +16,14 @@ READY_TIMEOUT_S = 60.0
 
 def environment_settings(base: Settings) -> Settings:
     """Settings from the environment only: what is set there is external, the rest embedded."""
-    return Settings(_env_file=None, stack_dir=base.stack_dir)  # type: ignore[call-arg]
+    return Settings(_env_file=None, stack_dir=base.stack_dir)
 
 
 def stack_up(base: Settings, log: Callable[[str], None] = print) -> dict[str, Health]:
     stack = Stack(base.stack_dir, log=log)
     state = stack.up(environment_settings(base))
     reset_settings_cache()
-    settings = Settings(_env_file=stack.dir / "endpoints.env")  # type: ignore[call-arg]
+    settings = Settings(_env_file=stack.dir / "endpoints.env")
     if state["postgres"].started_by_us:
         health.retry_until(lambda: health.postgres_create_database(settings), READY_TIMEOUT_S)
     report = health.check(settings, timeout_s=READY_TIMEOUT_S)

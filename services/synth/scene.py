@@ -8,9 +8,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 
-def rgb_frames(
-    count: int, width: int, height: int, seed: int
-) -> Iterator[NDArray[np.uint8]]:
+def rgb_frames(count: int, width: int, height: int, seed: int) -> Iterator[NDArray[np.uint8]]:
     """A scrolling gradient with a square moving on a Lissajous path: every frame differs,
     so encoders produce realistic P-frames and a decoded frame can be told from its neighbours."""
     rng = np.random.default_rng(seed)
@@ -43,12 +41,14 @@ def depth_frames(count: int, width: int, height: int, seed: int) -> Iterator[NDA
 
 
 def imu_rows(count: int, fps: int, seed: int) -> NDArray[np.float32]:
-    """(count, 6) float32: accelerometer xyz (m/s^2) then gyroscope xyz (rad/s), one row per frame."""
+    """(count, 6) float32, one row per frame: accelerometer xyz (m/s^2), gyroscope xyz (rad/s)."""
     rng = np.random.default_rng(seed + 2)
     t = np.arange(count, dtype=np.float64) / fps
     accel = np.stack(
         [0.3 * np.sin(1.1 * t), 0.2 * np.cos(0.7 * t), 9.81 + 0.1 * np.sin(2.3 * t)], axis=1
     )
-    gyro = np.stack([0.05 * np.sin(0.9 * t), 0.04 * np.cos(1.3 * t), 0.02 * np.sin(0.4 * t)], axis=1)
+    gyro = np.stack(
+        [0.05 * np.sin(0.9 * t), 0.04 * np.cos(1.3 * t), 0.02 * np.sin(0.4 * t)], axis=1
+    )
     noise = rng.normal(0, 0.01, size=(count, 6))
     return (np.concatenate([accel, gyro], axis=1) + noise).astype(np.float32)

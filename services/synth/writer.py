@@ -15,11 +15,10 @@ from pathlib import Path
 
 import numpy as np
 
+from services.agent.upload import COMPLETION_MARKER as MARKER
 from services.media.av_io import EncodeStream, corrupt_keyframes, encode_video
 from services.synth import scene
 from services.synth.ebml import shift_block_timestamps
-
-from services.agent.upload import COMPLETION_MARKER as MARKER
 
 
 class Defect(StrEnum):
@@ -130,7 +129,9 @@ def write_episode(spec: EpisodeSpec, out_dir: Path) -> Path:
     else:
         encode_video(video, streams, fps=spec.fps, gop=spec.fps, container_format=fmt)
         _apply_file_defect(spec, video)
-    imu = scene.imu_rows(frames - (7 if spec.defect is Defect.IMU_MISMATCH else 0), spec.fps, spec.seed)
+    imu = scene.imu_rows(
+        frames - (7 if spec.defect is Defect.IMU_MISMATCH else 0), spec.fps, spec.seed
+    )
     np.save(directory / "imu.npy", imu, allow_pickle=False)
     meta = {
         "episode_id": spec.episode_id,

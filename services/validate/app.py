@@ -19,7 +19,13 @@ from schemas.events import (
 )
 from services.common.objectstore import ObjectStore, object_store
 from services.common.settings import Settings
-from services.common.stage import Consume, make_broker, parse_event, publish_event, subscriber_options
+from services.common.stage import (
+    Consume,
+    make_broker,
+    parse_event,
+    publish_event,
+    subscriber_options,
+)
 from services.media.av_io import decode_keyframes
 from services.validate.rules import KeyframeResult, RuleSet, evaluate
 

@@ -63,10 +63,14 @@ def evaluate(
     if not rules.min_duration_s <= stream.duration_s <= rules.max_duration_s:
         reject(
             ReasonCode.DURATION_OUT_OF_BOUNDS,
-            f"duration {stream.duration_s:.3f}s outside [{rules.min_duration_s}, {rules.max_duration_s}]",
+            f"duration {stream.duration_s:.3f}s outside "
+            f"[{rules.min_duration_s}, {rules.max_duration_s}]",
         )
     if not rules.min_fps <= stream.fps <= rules.max_fps:
-        reject(ReasonCode.FPS_OUT_OF_BOUNDS, f"fps {stream.fps:.3f} outside [{rules.min_fps}, {rules.max_fps}]")
+        reject(
+            ReasonCode.FPS_OUT_OF_BOUNDS,
+            f"fps {stream.fps:.3f} outside [{rules.min_fps}, {rules.max_fps}]",
+        )
     for s in decoded.streams:
         too_small = s.width < rules.min_width or s.height < rules.min_height
         too_big = s.width > rules.max_width or s.height > rules.max_height
