@@ -55,7 +55,11 @@ def encode_video(
     A fixed GOP of `gop` frames (keyframe every gop/fps seconds) and no scene-cut keyframes keep
     the output deterministic and clips GOP-aligned.
     """
-    with av.open(str(path), mode="w", format=container_format) as out:
+    # bitexact: no random Matroska segment UID or muxer version string, so equal input gives
+    # byte-identical files.
+    with av.open(
+        str(path), mode="w", format=container_format, options={"fflags": "+bitexact"}
+    ) as out:
         encoders = []
         for spec in streams:
             stream = cast(VideoStream, out.add_stream(ENCODERS[spec.codec], rate=fps))
@@ -63,10 +67,16 @@ def encode_video(
             stream.height = spec.height
             stream.pix_fmt = "yuv420p"
             stream.codec_context.gop_size = gop
+            # One encoder thread: frame-threaded rate control makes x264/x265 output vary.
+            stream.codec_context.thread_count = 1
             if spec.codec == "h264":
                 stream.codec_context.options = {
-                    "preset": "veryfast",
-                    "x264-params": f"keyint={gop}:min-keyint={gop}:scenecut=0:threads=1",
+                    # ultrafast + one thread: faster presets' lookahead made output vary between
+                    # runs here, and synthetic episodes must be reproducible byte for byte.
+                    "preset": "ultrafast",
+                    "x264-params": (
+                        f"keyint={gop}:min-keyint={gop}:scenecut=0:threads=1:sync-lookahead=0"
+                    ),
                 }
             elif spec.codec == "h265":
                 stream.codec_context.options = {
@@ -86,7 +96,12 @@ def encode_video(
                 if array is None:
                     done += 1
                     continue
-                frame = av.VideoFrame.from_ndarray(array, format="rgb24")
+                # Convert in numpy, not swscale: swscale's first conversion in a process can
+                # differ from later ones, which would make synthetic files non-reproducible.
+                frame = av.VideoFrame.from_ndarray(rgb_to_yuv420p(array), format="yuv420p")
+                # Explicit timestamps (time_base 1/fps): left unset, x264's output varies run to run.
+                frame.pts = count
+                frame.time_base = Fraction(1, fps)
                 out.mux(stream.encode(frame))
             if done == len(encoders):
                 break
@@ -94,6 +109,28 @@ def encode_video(
         for stream, _ in encoders:
             out.mux(stream.encode(None))
     return count
+
+
+def rgb_to_yuv420p(rgb: NDArray[np.uint8]) -> NDArray[np.uint8]:
+    """BT.601 limited-range RGB -> planar YUV 4:2:0, as the (H*3/2, W) array PyAV expects.
+
+    Height and width must be even.
+    """
+    h, w, _ = rgb.shape
+    if h % 2 or w % 2:
+        raise ValueError(f"yuv420p needs even dimensions, got {w}x{h}")
+    f = rgb.astype(np.int32)
+    r, g, b = f[..., 0], f[..., 1], f[..., 2]
+    y = ((66 * r + 129 * g + 25 * b + 128) >> 8) + 16
+    u = ((-38 * r - 74 * g + 112 * b + 128) >> 8) + 128
+    v = ((112 * r - 94 * g - 18 * b + 128) >> 8) + 128
+    u = u.reshape(h // 2, 2, w // 2, 2).mean(axis=(1, 3)).round().astype(np.int32)
+    v = v.reshape(h // 2, 2, w // 2, 2).mean(axis=(1, 3)).round().astype(np.int32)
+    out = np.empty((h * 3 // 2, w), dtype=np.uint8)
+    out[:h] = np.clip(y, 0, 255)
+    out[h : h + h // 4] = np.clip(u, 0, 255).reshape(h // 4, w)
+    out[h + h // 4 :] = np.clip(v, 0, 255).reshape(h // 4, w)
+    return out
 
 
 @dataclass
