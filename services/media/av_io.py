@@ -99,7 +99,7 @@ def encode_video(
                 # Convert in numpy, not swscale: swscale's first conversion in a process can
                 # differ from later ones, which would make synthetic files non-reproducible.
                 frame = av.VideoFrame.from_ndarray(rgb_to_yuv420p(array), format="yuv420p")
-                # Explicit timestamps (time_base 1/fps): left unset, x264's output varies run to run.
+                # Explicit timestamps (time_base 1/fps); unset, x264 output varies run to run.
                 frame.pts = count
                 frame.time_base = Fraction(1, fps)
                 out.mux(stream.encode(frame))
@@ -265,7 +265,10 @@ class KeyframeCheck:
 
 
 def decode_keyframes(path: Path, stream_index: int, full: bool = False) -> KeyframeCheck:
-    """Decode only the keyframes of one stream (or every frame when `full`)."""
+    """Decode only the keyframes of one stream (or every frame when `full`).
+
+    Returns how many frames came out and how many packets the decoder refused.
+    """
     decoded = failed = 0
     first_error: str | None = None
     with av.open(str(path)) as container:
@@ -275,8 +278,8 @@ def decode_keyframes(path: Path, stream_index: int, full: bool = False) -> Keyfr
         for packet in container.demux(stream):
             if packet.size == 0:
                 continue
-            if not full and not packet.is_keyframe:
-                continue
+            # Every packet goes to the decoder: with skip_frame=NONKEY it only parses the
+            # non-key ones (cheap), which still catches garbage where a keyframe flag was lost.
             try:
                 frames = packet.decode()
                 decoded += len(frames)

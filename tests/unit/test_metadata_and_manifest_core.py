@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import cast
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from sqlalchemy.dialects import postgresql
+from sqlalchemy.sql.elements import ClauseElement
 
 from schemas.events import TOPIC_UPLOADED, EpisodeRef, EpisodeUploaded, SourceFile
 from services.manifest.query import ManifestFilter, build_query
@@ -38,7 +40,8 @@ def test_uploaded_event_becomes_device_episode_and_raw_object_upserts() -> None:
         ),
     )
     statements = statements_for(TOPIC_UPLOADED, event.model_dump_json().encode(), "session", 0.1)
-    sql = [str(s.compile(dialect=postgresql.dialect())) for s in statements]
+    dialect = postgresql.dialect()  # type: ignore[no-untyped-call]
+    sql = [str(cast(ClauseElement, s).compile(dialect=dialect)) for s in statements]
     assert sql[0].startswith("INSERT INTO devices") and "ON CONFLICT DO NOTHING" in sql[0]
     assert (
         sql[1].startswith("INSERT INTO episodes") and "ON CONFLICT (episode_id) DO UPDATE" in sql[1]

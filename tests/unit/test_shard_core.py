@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import tarfile
 from pathlib import Path
@@ -40,7 +41,7 @@ def test_clips_are_contiguous_and_keyframe_aligned(keyframes: list[float], targe
     clips = plan_clips(keyframes, duration, target)
     assert clips[0][0] == min(keyframes)
     assert clips[-1][1] == duration
-    for (_, end), (start, _) in zip(clips, clips[1:], strict=False):
+    for (_, end), (start, _) in itertools.pairwise(clips):
         assert end == start and start in keyframes
 
 

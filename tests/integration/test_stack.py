@@ -1,0 +1,39 @@
+"""The embedded stack: every service usable, status reported, a second `up` reuses it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from services.common.settings import Settings
+from services.stack.launcher import Stack
+from services.stack.provision import stack_up
+
+pytestmark = pytest.mark.connected
+
+
+def test_status_json_reports_every_service_ok(stack: Settings) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "services.cli", "stack", "status", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    status = json.loads(result.stdout.strip().splitlines()[-1])["status"]
+    assert {name: s["ok"] for name, s in status.items()} == {
+        "kafka": True,
+        "postgres": True,
+        "s3": True,
+    }
+    assert all(s["endpoint"] for s in status.values())
+
+
+def test_second_up_reuses_the_running_stack(stack: Settings) -> None:
+    before = Stack(stack.stack_dir).read_state()
+    stack_up(stack, log=lambda _line: None)
+    after = Stack(stack.stack_dir).read_state()
+    assert {n: s.pid for n, s in after.items()} == {n: s.pid for n, s in before.items()}
