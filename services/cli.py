@@ -66,6 +66,14 @@ def stack_status(
         raise typer.Exit(1)
 
 
+@stack_app.command("check-broker")
+def stack_check_broker() -> None:
+    """Measure the broker's deviations from Apache Kafka (see docs/stack.md)."""
+    from services.stack.broker_check import check_broker
+
+    print_json_line(check_broker(get_settings()))
+
+
 @stack_app.command("down")
 def stack_down() -> None:
     """Stop only the processes `stack up` started."""

@@ -20,7 +20,7 @@ from services.manifest.load import load_manifest
 from services.manifest.query import ManifestFilter
 from services.media.av_io import decode_frames
 from services.metadata.core import TERMINAL
-from services.metadata.warehouse import clips, episodes, make_engine, shards
+from services.metadata.warehouse import clips, episodes, make_engine
 from services.reader.clips import read_clip
 from services.stack.fleet import running_fleet
 from services.synth.writer import plan_episodes, write_episode
@@ -121,7 +121,13 @@ def run_demo(
                 select(func.count()).select_from(clips).where(clips.c.episode_id.in_(ids))
             ).scalar_one()
         )
-        shard_count = int(conn.execute(select(func.count()).select_from(shards)).scalar_one())
+        shard_count = int(
+            conn.execute(
+                select(func.count(func.distinct(clips.c.shard_key))).where(
+                    clips.c.episode_id.in_(ids)
+                )
+            ).scalar_one()
+        )
     built = build_manifest(
         settings.database_libpq_url,
         engine,
