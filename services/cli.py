@@ -291,6 +291,7 @@ def demo(
         for key, value in asdict(result).items():
             table.add_row(key, str(value))
         Console().print(table)
+        err.print("the stack keeps running for inspection; `egoline stack down` stops it")
     print_json_line(asdict(result))
     if result.cataloged != result.episodes:
         raise typer.Exit(1)
