@@ -5,12 +5,19 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 
 from services.common.settings import get_settings
+
+if TYPE_CHECKING:
+    from rich.progress import Progress as RichProgress
+    from rich.progress import TaskID
+
+    from services.agent.runner import Agent
+    from services.agent.runner import Progress as AgentProgress
 
 app = typer.Typer(help="egoline: streaming ingestion for robotics video", no_args_is_help=True)
 stack_app = typer.Typer(
@@ -67,11 +74,13 @@ def stack_status(
 
 
 @stack_app.command("check-broker")
-def stack_check_broker() -> None:
+def stack_check_broker(
+    groups: Annotated[bool, typer.Option(help="also the group-rejoin check (up to 30 s)")] = False,
+) -> None:
     """Measure the broker's deviations from Apache Kafka (see docs/stack.md)."""
     from services.stack.broker_check import check_broker
 
-    print_json_line(check_broker(get_settings()))
+    print_json_line(check_broker(get_settings(), groups=groups))
 
 
 @stack_app.command("down")
@@ -157,40 +166,111 @@ def synth(
     print_json_line({"episodes": len(specs), "out": str(out)})
 
 
-@agent_app.command("upload")
-def agent_upload(
-    paths: Annotated[list[Path], typer.Argument(help="episode folders, or folders of them")],
-) -> None:
-    """Upload finished episodes and announce each on `episodes.uploaded` (one shot)."""
-    from confluent_kafka import Producer
-    from rich.progress import Progress
+def _agent_progress(progress: RichProgress) -> AgentProgress:
+    """Wire the agent's callbacks to a rich progress display: one bar per file, one total."""
+    from services.agent.runner import Progress
 
-    from services.agent.upload import find_episode_dirs, upload_episodes
-    from services.common import kafka
+    total = progress.add_task("total", total=0)
+    tasks: dict[str, TaskID] = {}
+
+    def start(queue_id: str, size: int) -> None:
+        tasks[queue_id] = progress.add_task(Path(queue_id).name[:28], total=size)
+        progress.update(total, total=(progress.tasks[total].total or 0) + size)
+
+    def advance(queue_id: str, n: int) -> None:
+        progress.advance(tasks[queue_id], n)
+        progress.advance(total, n)
+
+    def done(queue_id: str, state: str, why: str | None) -> None:
+        if why:
+            err.print(f"[yellow]{state}[/] {Path(queue_id).name}: {why}")
+
+    return Progress(start, advance, done)
+
+
+def _transfer_progress() -> RichProgress:
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+
+    return Progress(
+        TextColumn("{task.description:<28}"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        console=err,
+    )
+
+
+def _agent(progress: AgentProgress) -> Agent:
+    from services.agent.runner import make_agent
     from services.common.objectstore import object_store
 
     settings = get_settings()
+    return make_agent(settings, object_store(settings), progress)
+
+
+@agent_app.command("upload")
+def agent_upload(
+    paths: Annotated[list[Path], typer.Argument(help="episode folders, or folders of them")],
+    publish_timeout_s: Annotated[float, typer.Option(help="wait this long for Kafka")] = 60.0,
+) -> None:
+    """Upload finished episodes and announce each on `episodes.uploaded` (one shot)."""
+    from services.agent.recordings import find_ready
+
     dirs: list[Path] = []
     for path in paths:
-        dirs += [path] if (path / "episode.json").exists() else find_episode_dirs(path)
-    failed: list[str] = []
-    with Progress(console=err) as progress:
-        task = progress.add_task("upload", total=len(dirs))
+        dirs += find_ready(path, "marker", 0, 0)
+    with _transfer_progress() as bars:
+        agent = _agent(_agent_progress(bars))
+        counts = agent.run_once(dirs, publish_timeout_s)
+    print_json_line({"queued": len(dirs), **counts, "parts_resent": agent.journal.parts_resent()})
+    if counts.get("failed") or counts.get("retry") or counts.get("uploaded"):
+        raise typer.Exit(1)
 
-        def done(directory: Path, event: object, error: str | None) -> None:
-            progress.advance(task)
-            if error:
-                failed.append(error)
-                err.print(f"[red]failed[/] {error}")
 
-        acked = upload_episodes(
-            object_store(settings),
-            Producer(kafka.producer_config(settings)),
-            dirs,
-            settings.pipeline_version,
-            on_done=done,
-        )
-    print_json_line({"uploaded": len(acked), "failed": len(failed)})
+@agent_app.command("watch")
+def agent_watch(directory: Annotated[Path, typer.Argument(help="where recordings appear")]) -> None:
+    """Upload every finished recording that appears under DIR until SIGTERM/SIGINT."""
+    import signal
+    import threading
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    with _transfer_progress() as bars:
+        agent = _agent(_agent_progress(bars))
+        agent.watch(directory, stop)
+    print_json_line(agent.journal.counts())
+
+
+@agent_app.command("status")
+def agent_status(
+    as_json: Annotated[bool, typer.Option("--json", help="print only the JSON line")] = False,
+) -> None:
+    """The agent's queue: pending, uploading, published, failed (with reasons)."""
+    from rich.table import Table
+
+    from services.agent.journal import Journal
+
+    journal = Journal(get_settings().agent_state_dir / "journal.sqlite")
+    rows = journal.episodes()
+    if not as_json:
+        table = Table(title="egoline agent")
+        for column in ("episode folder", "state", "bytes", "reason"):
+            table.add_column(column)
+        for row in rows:
+            table.add_row(
+                Path(row.directory).name, row.state, str(row.bytes_total), row.reason or ""
+            )
+        Console(stderr=True).print(table)
+    print_json_line(
+        {
+            "counts": journal.counts(),
+            "parts_resent": journal.parts_resent(),
+            "episodes": [
+                {"folder": r.directory, "state": r.state, "reason": r.reason} for r in rows
+            ],
+        }
+    )
 
 
 # --- warehouse, schemas, manifests --------------------------------------------------------

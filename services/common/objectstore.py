@@ -10,6 +10,7 @@ from urllib.parse import urlparse
 import urllib3
 from minio import Minio
 from minio.commonconfig import CopySource
+from minio.datatypes import Part
 from minio.error import S3Error
 
 from services.common.settings import Settings
@@ -74,6 +75,52 @@ class ObjectStore:
         finally:
             response.close()
             response.release_conn()
+
+    # --- resumable multipart uploads -------------------------------------------------------
+    # minio-py's public API uploads a file in one call; resuming after a crash needs the
+    # individual S3 calls (CreateMultipartUpload, UploadPart, ListParts, Complete/Abort), which
+    # minio-py implements as underscore methods. They are wrapped here, in one place.
+
+    def create_multipart(self, key: str, content_type: str = "application/octet-stream") -> str:
+        """Start a multipart upload; returns its upload id."""
+        return str(
+            self.client._create_multipart_upload(self.bucket, key, {"Content-Type": content_type})
+        )
+
+    def upload_part(self, key: str, upload_id: str, part_number: int, data: bytes) -> str:
+        """Upload one part (1-based number); returns its ETag (hex MD5 of the part)."""
+        return str(self.client._upload_part(self.bucket, key, data, None, upload_id, part_number))
+
+    def list_parts(self, key: str, upload_id: str) -> dict[int, str] | None:
+        """Parts the store holds for an upload ({number: etag}), or None if the upload is gone."""
+        parts: dict[int, str] = {}
+        marker: str | None = None
+        while True:
+            try:
+                result = self.client._list_parts(
+                    self.bucket, key, upload_id, part_number_marker=marker
+                )
+            except S3Error as exc:
+                if exc.code == "NoSuchUpload":
+                    return None
+                raise
+            parts.update({p.part_number: p.etag for p in result.parts})
+            if not result.is_truncated:
+                return parts
+            marker = result.next_part_number_marker
+
+    def complete_multipart(self, key: str, upload_id: str, etags: dict[int, str]) -> str:
+        """Complete an upload from its parts in number order; returns the object's ETag."""
+        parts = [Part(number, etag) for number, etag in sorted(etags.items())]
+        result = self.client._complete_multipart_upload(self.bucket, key, upload_id, parts)
+        return str(result.etag).strip('"')
+
+    def abort_multipart(self, key: str, upload_id: str) -> None:
+        try:
+            self.client._abort_multipart_upload(self.bucket, key, upload_id)
+        except S3Error as exc:
+            if exc.code != "NoSuchUpload":
+                raise
 
     def download(self, key: str, path: Path) -> None:
         self.client.fget_object(self.bucket, key, str(path))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -74,6 +75,19 @@ class Settings(BaseSettings):
     eval_fraction: float = Field(default=0.1, ge=0, le=1)
     metrics_port: int | None = None
     start_jitter_s: float = Field(default=1.0, ge=0, description="staggered start: max delay")
+
+    # --- device upload agent --------------------------------------------------------------
+    agent_state_dir: Path = Field(default=Path(".stack/agent"), description="journal location")
+    agent_part_size_mb: int = Field(default=16, ge=5, le=5120, description="multipart part size")
+    agent_upload_concurrency: int = Field(default=4, ge=1, le=64)
+    agent_bandwidth_mb_s: float | None = Field(default=None, gt=0, description="upload cap")
+    agent_ready_mode: Literal["marker", "stable"] = "marker"
+    agent_stable_s: float = Field(default=5.0, ge=0, description="stable mode: quiet period")
+    agent_after_publish: Literal["keep", "delete", "archive"] = "keep"
+    agent_archive_dir: Path | None = None
+    agent_poll_s: float = Field(default=2.0, gt=0)
+    agent_retry_max_s: float = Field(default=300.0, gt=0, description="give up a pass after this")
+    agent_message_timeout_s: float = Field(default=300.0, gt=0)
 
     @property
     def database_sqlalchemy_url(self) -> str:

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from confluent_kafka import Producer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from sqlalchemy import Engine, func, select
 
-from services.agent.upload import upload_episodes
-from services.common import kafka
+from services.agent.runner import Progress as AgentProgress
+from services.agent.runner import make_agent
 from services.common.objectstore import object_store
 from services.common.settings import Settings
 from services.manifest.build import build_manifest
@@ -92,15 +92,21 @@ def run_demo(
             write_episode(spec, episodes_dir)
             progress.advance(synth)
         upload = progress.add_task("upload", total=count)
-        producer = Producer(kafka.producer_config(settings))
-        dirs = [episodes_dir / s.episode_id for s in specs]
-        upload_episodes(
+        # A fresh journal per demo: the embedded stack may be new, and a journal that remembers
+        # publishing to a previous broker would skip the upload.
+        shutil.rmtree(work_dir / "agent", ignore_errors=True)
+        agent = make_agent(
+            settings.model_copy(update={"agent_state_dir": work_dir / "agent"}),
             store,
-            producer,
-            dirs,
-            settings.pipeline_version,
-            on_done=lambda *_: progress.advance(upload),
+            AgentProgress(
+                on_episode_done=lambda _q, state, _why: (
+                    progress.advance(upload) if state == "published" else None
+                )
+            ),
         )
+        counts = agent.run_once([episodes_dir / s.episode_id for s in specs], 60.0)
+        if counts.get("published", 0) != count:
+            raise RuntimeError(f"agent did not publish every episode: {counts}")
         catalog = progress.add_task("cataloged", total=count)
 
         def alive() -> None:

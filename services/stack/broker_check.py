@@ -68,8 +68,33 @@ def create_partitions_supported(settings: Settings) -> dict[str, Any]:
     return {"ok": True}
 
 
-def check_broker(settings: Settings) -> dict[str, Any]:
-    return {
+def rejoin_after_early_leave(settings: Settings, wait_s: float = 30.0) -> dict[str, Any]:
+    """A member closes (LeaveGroup) before its first join completes; does the next member of the
+    same group get partitions? Apache Kafka: yes, within the join time."""
+    topic = _topic(settings)
+    group = f"check-{uuid.uuid4().hex[:6]}"
+    first = Consumer(kafka.consumer_config(settings, group))
+    first.subscribe([topic])
+    first.poll(1.0)
+    first.close()
+    second = Consumer(kafka.consumer_config(settings, group))
+    second.subscribe([topic])
+    started = time.monotonic()
+    try:
+        while time.monotonic() - started < wait_s:
+            second.poll(0.5)
+            if second.assignment():
+                return {"ok": True, "assigned_after_s": round(time.monotonic() - started, 1)}
+    finally:
+        second.close()
+    return {"ok": False, "assigned_after_s": None, "waited_s": wait_s}
+
+
+def check_broker(settings: Settings, groups: bool = False) -> dict[str, Any]:
+    report = {
         "high_watermark": high_watermark_after_one_batch(settings),
         "create_partitions": create_partitions_supported(settings),
     }
+    if groups:
+        report["rejoin_after_early_leave"] = rejoin_after_early_leave(settings)
+    return report

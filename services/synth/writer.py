@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from services.agent.upload import COMPLETION_MARKER as MARKER
+from services.agent.recordings import COMPLETION_MARKER as MARKER
 from services.media.av_io import EncodeStream, corrupt_keyframes, encode_video
 from services.synth import scene
 from services.synth.ebml import shift_block_timestamps

@@ -13,7 +13,7 @@ import webdataset as wds
 from confluent_kafka import Producer
 
 from schemas.events import TOPIC_UPLOADED
-from services.agent.upload import upload_episodes
+from services.agent.runner import make_agent
 from services.common import kafka
 from services.common.objectstore import object_store
 from services.common.settings import Settings
@@ -58,12 +58,13 @@ def test_episodes_travel_every_stage_and_a_clip_reads_back_by_byte_range(
     bad, good = dirs[0], dirs[1:]
     ids = [d.name for d in dirs]
     store = object_store(stack)
-    producer = Producer(kafka.producer_config(stack))
+    agent = make_agent(stack.model_copy(update={"agent_state_dir": tmp_path / "agent"}), store)
     # A poison record in the middle of the stream: the decode stage must dead-letter it and go on.
-    upload_episodes(store, producer, [good[0]], stack.pipeline_version)
+    assert agent.run_once([good[0]], 30).get("published") == 1
+    producer = Producer(kafka.producer_config(stack))
     producer.produce(TOPIC_UPLOADED, key=b"poison", value=b'{"not": "an event"')
     producer.flush(10)
-    upload_episodes(store, producer, [bad, good[1]], stack.pipeline_version)
+    assert agent.run_once([bad, good[1]], 30).get("published") == 3
 
     expected = {bad.name: "dead_lettered", good[0].name: "sharded", good[1].name: "sharded"}
     wait_for(lambda: episode_states(stack, ids) == expected, 120, "all episodes cataloged")

@@ -1,0 +1,242 @@
+"""The agent's local journal (SQLite): every episode's state and every acknowledged part.
+
+It is the agent's memory across crashes, kill -9 and power loss: SQLite in WAL mode with
+synchronous=FULL makes each commit durable before the agent moves on, so a part recorded here
+was acknowledged by the object store, and an event recorded here as published was acknowledged
+by Kafka.
+
+Episodes are keyed by their folder (`queue_id`, the resolved path): the episode id itself comes
+from `episode.json`, which is only trusted once read and validated.
+
+Episode states: pending -> uploading -> uploaded (event waiting in the outbox) -> published
+-> (archived | deleted); `retry` (transient failure, with a next attempt time) and `failed`
+(bad input, with a reason; nothing is published).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS episodes (
+    queue_id TEXT PRIMARY KEY,
+    directory TEXT NOT NULL,
+    state TEXT NOT NULL,
+    reason TEXT,
+    event_json TEXT,
+    bytes_total INTEGER NOT NULL DEFAULT 0,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    next_attempt_at REAL NOT NULL DEFAULT 0,
+    updated_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS uploads (
+    object_key TEXT PRIMARY KEY,
+    queue_id TEXT NOT NULL,
+    upload_id TEXT,
+    part_size INTEGER NOT NULL,
+    size_bytes INTEGER NOT NULL,
+    complete INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS parts (
+    object_key TEXT NOT NULL,
+    upload_id TEXT NOT NULL,
+    part_number INTEGER NOT NULL,
+    etag TEXT NOT NULL,
+    size_bytes INTEGER NOT NULL,
+    PRIMARY KEY (object_key, upload_id, part_number)
+);
+CREATE TABLE IF NOT EXISTS part_sends (
+    object_key TEXT NOT NULL,
+    part_number INTEGER NOT NULL,
+    session TEXT NOT NULL,
+    already_acked INTEGER NOT NULL,
+    sent_at REAL NOT NULL
+);
+"""
+
+STATES = ("pending", "uploading", "uploaded", "published", "archived", "deleted", "retry", "failed")
+
+
+EPISODE_COLUMNS = (
+    "queue_id, directory, state, reason, event_json, bytes_total, attempts, next_attempt_at"
+)
+
+
+@dataclass(frozen=True)
+class EpisodeRow:
+    queue_id: str
+    directory: str
+    state: str
+    reason: str | None
+    event_json: str | None
+    bytes_total: int
+    attempts: int
+    next_attempt_at: float
+
+
+class Journal:
+    """Thread-safe access to the journal file (one connection, one lock)."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.executescript(SCHEMA)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def _write(self, sql: str, params: tuple[object, ...]) -> None:
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._db.execute(sql, params)
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+
+    def _read(self, sql: str, params: tuple[object, ...] = ()) -> list[tuple[object, ...]]:
+        with self._lock:
+            return list(self._db.execute(sql, params).fetchall())
+
+    # --- episodes ------------------------------------------------------------------------
+    def add_episode(self, queue_id: str, directory: Path) -> bool:
+        """Queue an episode once; returns False if the journal already knows it."""
+        with self._lock:
+            cur = self._db.execute(
+                "INSERT OR IGNORE INTO episodes (queue_id, directory, state, updated_at) "
+                "VALUES (?, ?, 'pending', ?)",
+                (queue_id, str(directory), time.time()),
+            )
+            return cur.rowcount == 1
+
+    def knows_directory(self, directory: Path) -> bool:
+        return bool(self._read("SELECT 1 FROM episodes WHERE directory = ?", (str(directory),)))
+
+    def set_state(self, queue_id: str, state: str, reason: str | None = None) -> None:
+        if state not in STATES:
+            raise ValueError(f"unknown state {state}")
+        self._write(
+            "UPDATE episodes SET state = ?, reason = ?, updated_at = ? WHERE queue_id = ?",
+            (state, reason, time.time(), queue_id),
+        )
+
+    def set_total(self, queue_id: str, bytes_total: int) -> None:
+        self._write(
+            "UPDATE episodes SET bytes_total = ? WHERE queue_id = ?", (bytes_total, queue_id)
+        )
+
+    def schedule_retry(self, queue_id: str, reason: str, delay_s: float) -> None:
+        self._write(
+            "UPDATE episodes SET state = 'retry', reason = ?, attempts = attempts + 1, "
+            "next_attempt_at = ?, updated_at = ? WHERE queue_id = ?",
+            (reason, time.time() + delay_s, time.time(), queue_id),
+        )
+
+    def store_event(self, queue_id: str, event_json: str) -> None:
+        """Put the episode's event in the outbox (state `uploaded`), once: a stored event is
+        never rebuilt, so every publish attempt sends the same bytes and event id."""
+        self._write(
+            "UPDATE episodes SET event_json = COALESCE(event_json, ?), state = 'uploaded', "
+            "reason = NULL, updated_at = ? WHERE queue_id = ?",
+            (event_json, time.time(), queue_id),
+        )
+
+    def episode(self, queue_id: str) -> EpisodeRow | None:
+        rows = self._read(f"SELECT {EPISODE_COLUMNS} FROM episodes WHERE queue_id = ?", (queue_id,))  # noqa: S608
+        return EpisodeRow(*rows[0]) if rows else None  # type: ignore[arg-type]
+
+    def episodes(self, states: tuple[str, ...] = STATES) -> list[EpisodeRow]:
+        marks = ",".join("?" for _ in states)
+        rows = self._read(
+            f"SELECT {EPISODE_COLUMNS} FROM episodes WHERE state IN ({marks}) ORDER BY queue_id",  # noqa: S608
+            states,
+        )
+        return [EpisodeRow(*r) for r in rows]  # type: ignore[arg-type]
+
+    def due(self, now: float) -> list[EpisodeRow]:
+        """Episodes to upload now: pending, interrupted mid-upload, or retries whose time came."""
+        return [
+            e
+            for e in self.episodes(("pending", "uploading", "retry"))
+            if e.state != "retry" or e.next_attempt_at <= now
+        ]
+
+    def counts(self) -> dict[str, int]:
+        rows = self._read("SELECT state, count(*) FROM episodes GROUP BY state")
+        return {str(state): int(str(n)) for state, n in rows}
+
+    # --- multipart uploads ---------------------------------------------------------------
+    def upload(self, object_key: str) -> tuple[str | None, int, int, bool] | None:
+        """(upload id, part size, size, complete) of an object, if the journal has it."""
+        rows = self._read(
+            "SELECT upload_id, part_size, size_bytes, complete FROM uploads WHERE object_key = ?",
+            (object_key,),
+        )
+        if not rows:
+            return None
+        upload_id, part_size, size, complete = rows[0]
+        return (
+            None if upload_id is None else str(upload_id),
+            int(str(part_size)),
+            int(str(size)),
+            bool(complete),
+        )
+
+    def open_upload(
+        self, object_key: str, queue_id: str, upload_id: str, part_size: int, size: int
+    ) -> None:
+        self._write(
+            "INSERT INTO uploads (object_key, queue_id, upload_id, part_size, size_bytes) "
+            "VALUES (?, ?, ?, ?, ?) ON CONFLICT (object_key) DO UPDATE SET "
+            "upload_id = excluded.upload_id, part_size = excluded.part_size, "
+            "size_bytes = excluded.size_bytes, complete = 0",
+            (object_key, queue_id, upload_id, part_size, size),
+        )
+
+    def complete_upload(self, object_key: str, queue_id: str, size: int) -> None:
+        self._write(
+            "INSERT INTO uploads (object_key, queue_id, part_size, size_bytes, complete) "
+            "VALUES (?, ?, 0, ?, 1) ON CONFLICT (object_key) DO UPDATE SET complete = 1",
+            (object_key, queue_id, size),
+        )
+
+    def acked_parts(self, object_key: str, upload_id: str) -> dict[int, str]:
+        rows = self._read(
+            "SELECT part_number, etag FROM parts WHERE object_key = ? AND upload_id = ?",
+            (object_key, upload_id),
+        )
+        return {int(str(n)): str(etag) for n, etag in rows}
+
+    def ack_part(self, object_key: str, upload_id: str, number: int, etag: str, size: int) -> None:
+        self._write(
+            "INSERT OR REPLACE INTO parts VALUES (?, ?, ?, ?, ?)",
+            (object_key, upload_id, number, etag, size),
+        )
+
+    def record_send(self, object_key: str, number: int, session: str, already_acked: bool) -> None:
+        self._write(
+            "INSERT INTO part_sends VALUES (?, ?, ?, ?, ?)",
+            (object_key, number, session, int(already_acked), time.time()),
+        )
+
+    def parts_resent(self) -> int:
+        """Parts sent again after the object store had acknowledged them (should be 0)."""
+        rows = self._read("SELECT count(*) FROM part_sends WHERE already_acked = 1")
+        return int(str(rows[0][0]))
+
+    def parts_sent(self, object_key: str | None = None) -> int:
+        if object_key is None:
+            rows = self._read("SELECT count(*) FROM part_sends")
+        else:
+            rows = self._read("SELECT count(*) FROM part_sends WHERE object_key = ?", (object_key,))
+        return int(str(rows[0][0]))

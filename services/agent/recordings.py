@@ -1,0 +1,182 @@
+"""Finding finished recordings on the device and describing them (ids checked, files hashed).
+
+An episode is a folder holding `episode.json` (episode, device and session ids, start time, the
+video file name and optionally the IMU file name). A folder is ready when:
+- `marker` mode: `episode.json` exists (the recorder writes it last, atomically), or
+- `stable` mode: `episode.json` exists and no file in the folder changed size or mtime for
+  `stable_s` seconds (for recorders that write the metadata first).
+
+Chunked recordings: a recorder that splits one file into byte-contiguous pieces
+(`video.mkv.000`, `video.mkv.001`, ...) names `video.mkv` in `episode.json`; the pieces are
+grouped, in order, into that one raw object.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from schemas.events import EpisodeRef, SourceFile
+
+COMPLETION_MARKER = "episode.json"
+CHUNK_SUFFIX = re.compile(r"^\.\d{3,6}$")
+READ_CHUNK = 8 * 1024 * 1024
+
+
+class AgentInputError(ValueError):
+    """An episode the agent refuses: it is marked failed with this reason, nothing published."""
+
+
+@dataclass(frozen=True)
+class LocalFile:
+    """One logical file: a single path or its ordered chunks, read as one byte stream."""
+
+    paths: tuple[Path, ...]
+    size_bytes: int
+    sha256: str
+    fingerprint: tuple[tuple[int, int], ...]  # (size, mtime_ns) of each path when hashed
+
+    def changed(self) -> bool:
+        """True if any piece changed size or mtime since it was hashed."""
+        return _fingerprint(self.paths) != self.fingerprint
+
+    def read_at(self, offset: int, length: int) -> bytes:
+        """`length` bytes from logical `offset` (across chunk boundaries)."""
+        out = bytearray()
+        position = 0
+        for path in self.paths:
+            size = path.stat().st_size
+            if offset < position + size and len(out) < length:
+                start = max(0, offset - position)
+                with path.open("rb") as handle:
+                    handle.seek(start)
+                    out += handle.read(min(size - start, length - len(out)))
+            position += size
+        return bytes(out)
+
+
+@dataclass(frozen=True)
+class LocalEpisode:
+    directory: Path
+    ref: EpisodeRef
+    video: LocalFile
+    imu: LocalFile | None
+
+    def files(self) -> list[tuple[SourceFile, LocalFile]]:
+        pairs: list[tuple[SourceFile, LocalFile]] = [(self.ref.video, self.video)]
+        if self.ref.imu is not None and self.imu is not None:
+            pairs.append((self.ref.imu, self.imu))
+        return pairs
+
+
+def raw_key(device_id: str, started_at: datetime, episode_id: str, sha256: str, ext: str) -> str:
+    """`raw/<device>/<yyyy>/<mm>/<dd>/<episode>/<sha256>.<ext>`: never overwritten."""
+    day = started_at.astimezone(UTC)
+    return f"raw/{device_id}/{day:%Y/%m/%d}/{episode_id}/{sha256}.{ext}"
+
+
+def _fingerprint(paths: tuple[Path, ...]) -> tuple[tuple[int, int], ...]:
+    out = []
+    for path in paths:
+        st = path.stat()
+        out.append((st.st_size, st.st_mtime_ns))
+    return tuple(out)
+
+
+def find_ready(root: Path, mode: str, stable_s: float, now: float) -> list[Path]:
+    """Episode folders under `root` (or `root` itself) that are ready to upload."""
+    candidates = (
+        [root]
+        if (root / COMPLETION_MARKER).exists()
+        else sorted(p.parent for p in root.glob(f"*/{COMPLETION_MARKER}"))
+    )
+    if mode == "marker":
+        return candidates
+    ready = []
+    for folder in candidates:
+        newest = max((p.stat().st_mtime for p in folder.iterdir() if p.is_file()), default=now)
+        if now - newest >= stable_s:
+            ready.append(folder)
+    return ready
+
+
+def _pieces(directory: Path, name: str) -> tuple[Path, ...]:
+    """The file `name` in `directory`, or its ordered chunks `name.000`, `name.001`, ..."""
+    if not name or "/" in name or "\\" in name or name in (".", ".."):
+        raise AgentInputError(f"{directory}: file name {name!r} is not a plain name in the folder")
+    single = directory / name
+    if single.is_file():
+        return (single,)
+    chunks = sorted(
+        p for p in directory.glob(f"{name}.*") if CHUNK_SUFFIX.match(p.name[len(name) :])
+    )
+    if not chunks:
+        raise AgentInputError(f"{directory}: {name} is missing")
+    return tuple(chunks)
+
+
+def hash_file(paths: tuple[Path, ...]) -> LocalFile:
+    """Read the pieces once, in order, computing size and sha256."""
+    before = _fingerprint(paths)
+    digest = hashlib.sha256()
+    size = 0
+    try:
+        for path in paths:
+            with path.open("rb") as handle:
+                while chunk := handle.read(READ_CHUNK):
+                    digest.update(chunk)
+                    size += len(chunk)
+    except OSError as exc:
+        raise AgentInputError(f"cannot read {paths[0].name}: {exc}") from exc
+    if size == 0:
+        raise AgentInputError(f"{paths[0].name} is empty (zero bytes)")
+    if _fingerprint(paths) != before:
+        raise AgentInputError(f"{paths[0].name} changed while being read")
+    return LocalFile(paths, size, digest.hexdigest(), before)
+
+
+def describe(directory: Path) -> LocalEpisode:
+    """Read `episode.json`, validate every id, hash the files. Raises AgentInputError."""
+    try:
+        meta = json.loads((directory / COMPLETION_MARKER).read_text())
+        if not isinstance(meta, dict):
+            raise TypeError("not a JSON object")
+        started = datetime.fromisoformat(str(meta["started_at"]))
+        if started.tzinfo is None:
+            raise ValueError("started_at needs a time zone")
+        video_name, imu_name = str(meta["video"]), meta.get("imu")
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise AgentInputError(f"{directory}: unreadable {COMPLETION_MARKER}: {exc}") from exc
+    video = hash_file(_pieces(directory, video_name))
+    imu = hash_file(_pieces(directory, str(imu_name))) if imu_name else None
+    ext = video_name.rsplit(".", 1)[-1].lower() if "." in video_name else "bin"
+    if not re.fullmatch(r"[a-z0-9]{1,8}", ext):
+        raise AgentInputError(f"{directory}: odd video extension {ext!r}")
+    try:
+        ref = EpisodeRef(
+            episode_id=meta["episode_id"],
+            device_id=meta["device_id"],
+            session_id=meta["session_id"],
+            started_at=started,
+            video=SourceFile(
+                key=raw_key(meta["device_id"], started, meta["episode_id"], video.sha256, ext),
+                sha256=video.sha256,
+                size_bytes=video.size_bytes,
+            ),
+            imu=None
+            if imu is None
+            else SourceFile(
+                key=raw_key(meta["device_id"], started, meta["episode_id"], imu.sha256, "npy"),
+                sha256=imu.sha256,
+                size_bytes=imu.size_bytes,
+            ),
+        )
+    except (ValidationError, KeyError, TypeError) as exc:
+        raise AgentInputError(f"{directory}: invalid ids in {COMPLETION_MARKER}: {exc}") from exc
+    return LocalEpisode(directory, ref, video, imu)
