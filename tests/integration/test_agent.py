@@ -1,0 +1,154 @@
+"""The upload agent on the real stack: kill -9 mid-upload, a paused broker, an unreachable S3."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pytest
+
+from schemas.events import TOPIC_UPLOADED
+from services.agent.journal import Journal
+from services.agent.runner import make_agent
+from services.common.objectstore import object_store
+from services.common.settings import Settings
+from services.stack.launcher import Stack
+from tests.fixtures.kafka_read import read_topic
+from tests.fixtures.polling import wait_for
+from tests.fixtures.proxy import FaultProxy
+
+pytestmark = pytest.mark.connected
+MB = 1024 * 1024
+
+
+def make_episode(root: Path, size_mb: int) -> tuple[Path, str]:
+    """A recording folder with `size_mb` of video bytes; returns (folder, episode id)."""
+    episode_id = f"agent-{uuid.uuid4().hex[:10]}"
+    folder = root / episode_id
+    folder.mkdir(parents=True)
+    (folder / "video.mp4").write_bytes(os.urandom(size_mb * MB))
+    meta = {
+        "episode_id": episode_id,
+        "device_id": "dev-agent",
+        "session_id": f"s-{episode_id}",
+        "started_at": "2026-06-01T12:00:00+00:00",
+        "video": "video.mp4",
+    }
+    (folder / "episode.json").write_text(json.dumps(meta))
+    return folder, episode_id
+
+
+def events_for(settings: Settings, episode_id: str) -> list[str]:
+    return [
+        json.loads(m.value() or b"{}")["event_id"]
+        for m in read_topic(settings, TOPIC_UPLOADED)
+        if m.key() == episode_id.encode()
+    ]
+
+
+def acked_parts(journal_path: Path) -> int:
+    if not journal_path.exists():
+        return 0
+    with sqlite3.connect(journal_path) as db:
+        try:
+            return int(db.execute("SELECT count(*) FROM parts").fetchone()[0])
+        except sqlite3.OperationalError:
+            return 0
+
+
+def test_kill_9_mid_upload_resumes_without_resending_parts(stack: Settings, tmp_path: Path) -> None:
+    folder, episode_id = make_episode(tmp_path / "rec", size_mb=40)
+    state = tmp_path / "agent"
+    env = {
+        **os.environ,
+        "EGOLINE_AGENT_STATE_DIR": str(state),
+        "EGOLINE_AGENT_PART_SIZE_MB": "5",
+        "EGOLINE_AGENT_UPLOAD_CONCURRENCY": "2",
+    }
+    command = [sys.executable, "-m", "services.cli", "agent", "upload", str(folder)]
+    slow = subprocess.Popen(
+        command,
+        env={**env, "EGOLINE_AGENT_BANDWIDTH_MB_S": "6"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    wait_for(lambda: acked_parts(state / "journal.sqlite") >= 3, 60, "three acknowledged parts")
+    slow.send_signal(signal.SIGKILL)
+    slow.wait()
+    assert acked_parts(state / "journal.sqlite") < 8, "the upload finished before the kill"
+
+    resumed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    report = json.loads(resumed.stdout.strip().splitlines()[-1])
+    assert report["parts_resent"] == 0
+
+    journal = Journal(state / "journal.sqlite")
+    assert journal.parts_resent() == 0
+    assert journal.counts() == {"published": 1}
+    local = (folder / "video.mp4").read_bytes()
+    key = journal.episodes()[0].event_json
+    assert key is not None
+    raw_key = json.loads(key)["episode"]["video"]["key"]
+    stored = object_store(stack).get_bytes(raw_key)
+    assert hashlib.sha256(stored).digest() == hashlib.sha256(local).digest()
+    assert len(events_for(stack, episode_id)) == 1
+
+
+def test_broker_paused_during_publish_gives_exactly_one_event(
+    stack: Settings, tmp_path: Path
+) -> None:
+    folder, episode_id = make_episode(tmp_path / "rec", size_mb=1)
+    agent = make_agent(
+        stack.model_copy(update={"agent_state_dir": tmp_path / "agent"}), object_store(stack)
+    )
+    agent.enqueue([folder])
+    agent.process_due()  # uploaded, event waiting in the outbox
+    kafka_pid = Stack(stack.stack_dir).read_state()["kafka"].pid
+    assert kafka_pid is not None
+    os.kill(kafka_pid, signal.SIGSTOP)
+    try:
+        publisher = threading.Thread(target=agent.publish, args=(60.0,))
+        publisher.start()
+        time.sleep(4)
+        assert agent.journal.counts() == {"uploaded": 1}  # nothing acknowledged while paused
+    finally:
+        os.kill(kafka_pid, signal.SIGCONT)
+    publisher.join(90)
+    assert agent.journal.counts() == {"published": 1}
+    assert len(events_for(stack, episode_id)) == 1
+
+
+def test_upload_completes_once_s3_is_back(
+    stack: Settings, tmp_path: Path, fault_proxy: type[FaultProxy]
+) -> None:
+    folder, episode_id = make_episode(tmp_path / "rec", size_mb=12)
+    target = urlparse(stack.s3_endpoint)
+    proxy = fault_proxy((target.hostname or "127.0.0.1", int(target.port or 80)))
+    proxy.set_up(False)
+    settings = stack.model_copy(
+        update={
+            "agent_state_dir": tmp_path / "agent",
+            "s3_endpoint": f"http://127.0.0.1:{proxy.port}",
+            "agent_part_size_mb": 5,
+            "agent_retry_max_s": 60.0,
+        }
+    )
+    agent = make_agent(settings, object_store(settings))
+    runner = threading.Thread(target=agent.run_once, args=([folder], 30.0))
+    runner.start()
+    time.sleep(4)
+    assert agent.journal.counts().get("published") is None
+    proxy.set_up(True)
+    runner.join(120)
+    assert agent.journal.counts() == {"published": 1}
+    assert len(events_for(stack, episode_id)) == 1
