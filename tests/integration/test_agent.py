@@ -132,8 +132,8 @@ def test_upload_completes_once_s3_is_back(
     stack: Settings, tmp_path: Path, fault_proxy: type[FaultProxy]
 ) -> None:
     folder, episode_id = make_episode(tmp_path / "rec", size_mb=12)
-    target = urlparse(stack.s3_endpoint)
-    proxy = fault_proxy((target.hostname or "127.0.0.1", int(target.port or 80)))
+    target = urlparse(stack.require("s3_endpoint"))
+    proxy = fault_proxy((str(target.hostname), int(target.port or 80)))
     proxy.set_up(False)
     settings = stack.model_copy(
         update={
