@@ -342,6 +342,23 @@ def manifest_inspect(path: Path, rows: int = 5) -> None:
     print_json_line({"rows": table.num_rows, "columns": table.column_names})
 
 
+# --- benchmarks ---------------------------------------------------------------------------
+bench_app = typer.Typer(help="Benchmarks: each prints one JSON line last", no_args_is_help=True)
+app.add_typer(bench_app, name="bench")
+
+
+@bench_app.command("upload")
+def bench_upload(
+    mb: Annotated[int, typer.Option(min=16, help="file size in MiB")] = 512,
+    as_json: Annotated[bool, typer.Option("--json", help="only the JSON line on stdout")] = False,
+) -> None:
+    """Agent upload throughput against a plain fput_object of the same file, and kill -9 resume."""
+    from services.bench.upload import bench_upload as run
+
+    del as_json  # the JSON line is always last on stdout; progress goes to stderr
+    print_json_line(run(get_settings(), mb, log=lambda line: err.print(f"[dim]bench:[/] {line}")))
+
+
 # --- the demo -----------------------------------------------------------------------------
 @app.command("demo")
 def demo(

@@ -47,13 +47,14 @@ CREATE TABLE IF NOT EXISTS parts (
     part_number INTEGER NOT NULL,
     etag TEXT NOT NULL,
     size_bytes INTEGER NOT NULL,
+    acked_at REAL NOT NULL,
     PRIMARY KEY (object_key, upload_id, part_number)
 );
 CREATE TABLE IF NOT EXISTS part_sends (
     object_key TEXT NOT NULL,
+    upload_id TEXT NOT NULL,
     part_number INTEGER NOT NULL,
     session TEXT NOT NULL,
-    already_acked INTEGER NOT NULL,
     sent_at REAL NOT NULL
 );
 """
@@ -217,26 +218,41 @@ class Journal:
         )
         return {int(str(n)): str(etag) for n, etag in rows}
 
-    def ack_part(self, object_key: str, upload_id: str, number: int, etag: str, size: int) -> None:
-        self._write(
-            "INSERT OR REPLACE INTO parts VALUES (?, ?, ?, ?, ?)",
-            (object_key, upload_id, number, etag, size),
-        )
-
-    def record_send(self, object_key: str, number: int, session: str, already_acked: bool) -> None:
-        self._write(
-            "INSERT INTO part_sends VALUES (?, ?, ?, ?, ?)",
-            (object_key, number, session, int(already_acked), time.time()),
-        )
+    def ack_part(
+        self,
+        object_key: str,
+        upload_id: str,
+        number: int,
+        etag: str,
+        size: int,
+        sent: tuple[str, float] | None,
+    ) -> None:
+        """Record a part the store acknowledged, with the send that carried it (session, time),
+        in one durable transaction; `sent` is None for a part recognised on resume."""
+        now = time.time()
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                if sent is not None:
+                    self._db.execute(
+                        "INSERT INTO part_sends VALUES (?, ?, ?, ?, ?)",
+                        (object_key, upload_id, number, sent[0], sent[1]),
+                    )
+                self._db.execute(
+                    "INSERT OR IGNORE INTO parts VALUES (?, ?, ?, ?, ?, ?)",
+                    (object_key, upload_id, number, etag, size, now),
+                )
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
 
     def parts_resent(self) -> int:
-        """Parts sent again after the object store had acknowledged them (should be 0)."""
-        rows = self._read("SELECT count(*) FROM part_sends WHERE already_acked = 1")
-        return int(str(rows[0][0]))
-
-    def parts_sent(self, object_key: str | None = None) -> int:
-        if object_key is None:
-            rows = self._read("SELECT count(*) FROM part_sends")
-        else:
-            rows = self._read("SELECT count(*) FROM part_sends WHERE object_key = ?", (object_key,))
+        """Sends of a part after the store had already acknowledged that part of the same
+        upload (complete parts sent again). The resume logic aims for 0."""
+        rows = self._read(
+            "SELECT count(*) FROM part_sends s JOIN parts p ON p.object_key = s.object_key "
+            "AND p.upload_id = s.upload_id AND p.part_number = s.part_number "
+            "WHERE s.sent_at > p.acked_at"
+        )
         return int(str(rows[0][0]))

@@ -66,6 +66,9 @@ class Settings(BaseSettings):
     s3_region: str = "us-east-1"
     s3_bucket: str = "egoline"
     s3_part_size_mb: int = Field(default=16, ge=5)
+    embedded_s3_memory_mb: int = Field(
+        default=1024, ge=5, description="moto keeps objects up to this size in memory"
+    )
 
     # --- pipeline ------------------------------------------------------------------------
     pipeline_version: str = "v1"
@@ -79,7 +82,7 @@ class Settings(BaseSettings):
     # --- device upload agent --------------------------------------------------------------
     agent_state_dir: Path = Field(default=Path(".stack/agent"), description="journal location")
     agent_part_size_mb: int = Field(default=16, ge=5, le=5120, description="multipart part size")
-    agent_upload_concurrency: int = Field(default=4, ge=1, le=64)
+    agent_upload_concurrency: int = Field(default=3, ge=1, le=64)
     agent_bandwidth_mb_s: float | None = Field(default=None, gt=0, description="upload cap")
     agent_ready_mode: Literal["marker", "stable"] = "marker"
     agent_stable_s: float = Field(default=5.0, ge=0, description="stable mode: quiet period")

@@ -68,9 +68,15 @@ def pid_alive(pid: int | None) -> bool:
 class Stack:
     """Start, probe and stop the embedded services under one state directory."""
 
-    def __init__(self, stack_dir: Path, log: Callable[[str], None] = lambda _: None) -> None:
+    def __init__(
+        self,
+        stack_dir: Path,
+        log: Callable[[str], None] = lambda _: None,
+        s3_buffer_bytes: int = 1 << 30,
+    ) -> None:
         self.dir = stack_dir.resolve()
         self.log = log
+        self.s3_buffer_bytes = s3_buffer_bytes
 
     # --- state ---------------------------------------------------------------------------
     @property
@@ -182,8 +188,13 @@ class Stack:
 
     def _start_moto(self) -> ServiceState:
         port = free_port()
+        # moto spills every object over ~5 MiB to a temporary file, which makes the emulator,
+        # not the client, the slowest part of large uploads; keep objects in memory instead.
+        env = {**os.environ, "MOTO_S3_DEFAULT_KEY_BUFFER_SIZE": str(self.s3_buffer_bytes)}
         proc = self._spawn(
-            "s3", [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
+            "s3",
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+            env=env,
         )
         return ServiceState(endpoint=f"http://127.0.0.1:{port}", pid=proc.pid, started_by_us=True)
 

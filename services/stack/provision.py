@@ -20,7 +20,7 @@ def environment_settings(base: Settings) -> Settings:
 
 
 def stack_up(base: Settings, log: Callable[[str], None] = print) -> dict[str, Health]:
-    stack = Stack(base.stack_dir, log=log)
+    stack = Stack(base.stack_dir, log=log, s3_buffer_bytes=base.embedded_s3_memory_mb * 1024 * 1024)
     state = stack.up(environment_settings(base))
     reset_settings_cache()
     settings = Settings(_env_file=stack.dir / "endpoints.env")

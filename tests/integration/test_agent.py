@@ -152,3 +152,44 @@ def test_upload_completes_once_s3_is_back(
     runner.join(120)
     assert agent.journal.counts() == {"published": 1}
     assert len(events_for(stack, episode_id)) == 1
+
+
+def test_watch_uploads_new_recordings_then_archives_them(stack: Settings, tmp_path: Path) -> None:
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    state = tmp_path / "agent"
+    env = {
+        **os.environ,
+        "EGOLINE_AGENT_STATE_DIR": str(state),
+        "EGOLINE_AGENT_POLL_S": "0.3",
+        "EGOLINE_AGENT_AFTER_PUBLISH": "archive",
+        "EGOLINE_AGENT_ARCHIVE_DIR": str(tmp_path / "archive"),
+    }
+    watcher = subprocess.Popen(
+        [sys.executable, "-m", "services.cli", "agent", "watch", str(inbox)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        folder, episode_id = make_episode(tmp_path / "staging", size_mb=2)
+        (folder / "episode.json").rename(tmp_path / "episode.json")
+        folder.rename(inbox / folder.name)  # recording in progress: no marker yet
+        time.sleep(1.0)
+        assert (
+            not (state / "journal.sqlite").exists()
+            or Journal(state / "journal.sqlite").counts() == {}
+        )
+        (tmp_path / "episode.json").rename(inbox / folder.name / "episode.json")
+        wait_for(
+            lambda: (tmp_path / "archive" / folder.name / "video.mp4").exists(),
+            60,
+            "the recording uploaded, announced and archived",
+        )
+    finally:
+        watcher.send_signal(signal.SIGTERM)
+        out, _ = watcher.communicate(timeout=30)
+    assert watcher.returncode == 0
+    assert json.loads(out.strip().splitlines()[-1]) == {"archived": 1}
+    assert len(events_for(stack, episode_id)) == 1

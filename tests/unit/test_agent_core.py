@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from services.agent.journal import Journal
-from services.agent.multipart import multipart_etag, part_ranges
+from services.agent.multipart import part_ranges
 from services.agent.ratelimit import TokenBucket
 from services.agent.recordings import AgentInputError, describe, find_ready, raw_key
 
@@ -18,13 +18,6 @@ from services.agent.recordings import AgentInputError, describe, find_ready, raw
 def test_part_ranges_cover_the_file_exactly() -> None:
     assert part_ranges(25, 10) == [(1, 0, 10), (2, 10, 10), (3, 20, 5)]
     assert part_ranges(10, 10) == [(1, 0, 10)]
-
-
-def test_multipart_etag_matches_the_s3_rule() -> None:
-    parts = [b"a" * 10, b"b" * 5]
-    digests = [hashlib.md5(p).digest() for p in parts]  # noqa: S324
-    expected = hashlib.md5(b"".join(digests)).hexdigest() + "-2"  # noqa: S324
-    assert multipart_etag(digests) == expected
 
 
 def test_token_bucket_holds_the_average_rate() -> None:

@@ -1,0 +1,151 @@
+"""`egoline bench upload`: the agent against a plain `fput_object` of the same file, same run.
+
+Both write the same bytes to the same object store with the same part size; the agent's time
+includes hashing the file (the raw key is content-addressed) and publishing the event. One
+unmeasured upload warms the store up; then the two sides alternate for `rounds` rounds and the
+medians are compared (single runs on the embedded store vary by +-20%).
+A second, smaller episode is uploaded by an agent process killed with SIGKILL mid-upload and
+restarted, to count parts sent again after the store had acknowledged them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from services.agent.journal import Journal
+from services.agent.runner import make_agent
+from services.common.objectstore import object_store
+from services.common.settings import Settings
+
+MB = 1024 * 1024
+
+
+def write_recording(root: Path, size_mb: int) -> Path:
+    episode_id = f"bench-{uuid.uuid4().hex[:10]}"
+    folder = root / episode_id
+    folder.mkdir(parents=True)
+    with (folder / "video.mp4").open("wb") as handle:
+        for _ in range(size_mb):
+            handle.write(os.urandom(MB))
+    (folder / "episode.json").write_text(
+        json.dumps(
+            {
+                "episode_id": episode_id,
+                "device_id": "bench",
+                "session_id": episode_id,
+                "started_at": "2026-01-01T00:00:00+00:00",
+                "video": "video.mp4",
+            }
+        )
+    )
+    return folder
+
+
+def _acked(journal: Path) -> int:
+    if not journal.exists():
+        return 0
+    try:
+        with sqlite3.connect(journal) as db:
+            return int(db.execute("SELECT count(*) FROM parts").fetchone()[0])
+    except sqlite3.OperationalError:
+        return 0
+
+
+def resume_after_kill(
+    settings: Settings, root: Path, size_mb: int, log: Callable[[str], None]
+) -> int:
+    """Upload through an agent process, SIGKILL it after a few parts, restart it; returns the
+    parts sent again after the store acknowledged them (the journal counts every send)."""
+    folder = write_recording(root / "resume", size_mb)
+    state = root / "resume-agent"
+    env = {
+        **os.environ,
+        "EGOLINE_AGENT_STATE_DIR": str(state),
+        "EGOLINE_AGENT_PART_SIZE_MB": "5",
+    }
+    command = [sys.executable, "-m", "services.cli", "agent", "upload", str(folder)]
+    proc = subprocess.Popen(
+        command,
+        env={**env, "EGOLINE_AGENT_BANDWIDTH_MB_S": "10"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 120
+    while _acked(state / "journal.sqlite") < 3 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    log(f"killed the agent after {_acked(state / 'journal.sqlite')} acknowledged parts; resuming")
+    subprocess.run(command, env=env, check=True, capture_output=True, timeout=600)
+    journal = Journal(state / "journal.sqlite")
+    try:
+        if journal.counts() != {"published": 1}:
+            raise RuntimeError(f"resumed upload did not publish: {journal.counts()}")
+        return journal.parts_resent()
+    finally:
+        journal.close()
+
+
+def bench_upload(
+    settings: Settings, size_mb: int, log: Callable[[str], None], rounds: int = 5
+) -> dict[str, Any]:
+    store = object_store(settings)
+    part_size = settings.agent_part_size_mb * MB
+    root = Path(tempfile.mkdtemp(prefix="egoline-bench-upload-"))
+    try:
+        folder = write_recording(root / "episodes", size_mb)
+        video = folder / "video.mp4"
+        warmup = f"bench/warmup/{uuid.uuid4().hex}"
+        store.client.fput_object(settings.s3_bucket, warmup, str(video), part_size=part_size)
+        store.delete(warmup)
+        baseline_s: list[float] = []
+        agent_s: list[float] = []
+        for round_no in range(rounds):
+            key = f"bench/baseline/{uuid.uuid4().hex}"
+            started = time.perf_counter()
+            store.client.fput_object(settings.s3_bucket, key, str(video), part_size=part_size)
+            baseline_s.append(time.perf_counter() - started)
+            store.delete(key)
+
+            state = root / f"agent-{round_no}"
+            agent = make_agent(settings.model_copy(update={"agent_state_dir": state}), store)
+            started = time.perf_counter()
+            counts = agent.run_once([folder], 60.0)
+            agent_s.append(time.perf_counter() - started)
+            if counts != {"published": 1}:
+                raise RuntimeError(f"agent run did not publish: {counts}")
+            event = agent.journal.episodes()[0].event_json or "{}"
+            store.delete(json.loads(event)["episode"]["video"]["key"])
+            agent.journal.close()
+            log(
+                f"round {round_no + 1}/{rounds}: fput_object {size_mb / baseline_s[-1]:.1f} MB/s,"
+                f" agent {size_mb / agent_s[-1]:.1f} MB/s"
+            )
+        resent = resume_after_kill(settings, root, min(size_mb, 64), log)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    mb_s = size_mb / statistics.median(agent_s)
+    baseline = size_mb / statistics.median(baseline_s)
+    return {
+        "mb": size_mb,
+        "part_mb": settings.agent_part_size_mb,
+        "concurrency": settings.agent_upload_concurrency,
+        "rounds": rounds,
+        "mb_s": round(mb_s, 1),
+        "baseline_mb_s": round(baseline, 1),
+        "ratio": round(mb_s / baseline, 3),
+        "resumed_parts_resent": resent,
+    }
