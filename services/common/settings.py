@@ -78,6 +78,10 @@ class Settings(BaseSettings):
     eval_fraction: float = Field(default=0.1, ge=0, le=1)
     metrics_port: int | None = None
     start_jitter_s: float = Field(default=1.0, ge=0, description="staggered start: max delay")
+    stage_workers: int = Field(default=2, ge=1, le=64, description="worker processes per stage")
+    batch_max_records: int = Field(default=16, ge=1, le=10_000)
+    batch_wait_s: float = Field(default=1.0, gt=0, description="how long to fill a batch")
+    spool_dir: Path | None = Field(default=None, description="shard stage scratch (default: tmp)")
 
     # --- device upload agent --------------------------------------------------------------
     agent_state_dir: Path = Field(default=Path(".stack/agent"), description="journal location")

@@ -97,8 +97,16 @@ def make_broker(settings: Settings, service: str, **kwargs: Any) -> KafkaBroker:
     )
 
 
-def subscriber_options(settings: Settings, group_id: str) -> dict[str, Any]:
+def subscriber_options(settings: Settings, group_id: str, batch: bool = False) -> dict[str, Any]:
+    extra: dict[str, Any] = {}
+    if batch:
+        extra = {
+            "batch": True,
+            "max_records": settings.batch_max_records,
+            "polling_interval": settings.batch_wait_s,
+        }
     return {
+        **extra,
         "group_id": group_id,
         "ack_policy": AckPolicy.MANUAL,
         "auto_offset_reset": "earliest",

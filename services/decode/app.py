@@ -1,14 +1,20 @@
-"""The decode stage: `episodes.uploaded` -> probe + GOP index -> `episodes.decoded`."""
+"""The decode stage: `episodes.uploaded` -> probe + GOP index -> `episodes.decoded`.
+
+Records arrive in batches; each batch's episodes are bin-packed by byte size onto the stage's
+worker processes (`services.common.batch`).
+"""
 
 from __future__ import annotations
 
-import asyncio
 import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
 from faststream import FastStream
 from faststream.confluent.annotations import KafkaMessage
+from pydantic import BaseModel
 
 from schemas.events import (
     TOPIC_DECODED,
@@ -17,21 +23,21 @@ from schemas.events import (
     EpisodeUploaded,
     ReasonCode,
 )
+from services.common.batch import BatchStage, worker_store
 from services.common.files import npy_shape, sha256_file
-from services.common.objectstore import ObjectStore, object_store
+from services.common.objectstore import ObjectStore
 from services.common.settings import Settings
-from services.common.stage import (
-    Consume,
-    PermanentError,
-    make_broker,
-    parse_event,
-    publish_event,
-    subscriber_options,
-)
+from services.common.stage import PermanentError, make_broker, parse_event, subscriber_options
 from services.decode.core import classify_unreadable, decoded_event
 from services.media.av_io import ProbeError, probe_container
 
 GROUP = "egoline-decode"
+
+
+@dataclass(frozen=True)
+class DecodeJob:
+    uploaded: EpisodeUploaded
+    pipeline_version: str
 
 
 def decode_episode(
@@ -67,21 +73,44 @@ def decode_episode(
     )
 
 
+def run_decode(job: DecodeJob) -> EpisodeDecoded:
+    """Worker-process entry point."""
+    return decode_episode(worker_store(), job.uploaded, job.pipeline_version)
+
+
+def build_stage(settings: Settings, broker: object) -> BatchStage[DecodeJob, EpisodeDecoded]:
+    def prepare(_topic: str, value: bytes) -> DecodeJob:
+        return DecodeJob(parse_event(value, EpisodeUploaded), settings.pipeline_version)
+
+    def finish(
+        _jobs: dict[int, DecodeJob], results: dict[int, EpisodeDecoded]
+    ) -> Sequence[tuple[str, BaseModel, str]]:
+        return [(TOPIC_DECODED, r, r.episode.episode_id) for r in results.values()]
+
+    return BatchStage(
+        broker,  # type: ignore[arg-type]
+        "decode",
+        settings,
+        settings.stage_workers,
+        prepare=prepare,
+        cost=lambda job: float(job.uploaded.episode.video.size_bytes),
+        run=run_decode,
+        finish=finish,
+    )
+
+
 def build_app(settings: Settings) -> FastStream:
     broker = make_broker(settings, "decode")
-    store = object_store(settings)
-    consume = Consume(broker, "decode")
+    stage = build_stage(settings, broker)
     broker.publisher(TOPIC_DECODED, title="episodes.decoded", schema=EpisodeDecoded)
 
-    @broker.subscriber(TOPIC_UPLOADED, title="decode", **subscriber_options(settings, GROUP))
+    @broker.subscriber(
+        TOPIC_UPLOADED, title="decode", **subscriber_options(settings, GROUP, batch=True)
+    )
     async def on_uploaded(msg: KafkaMessage) -> None:
-        async def work(_topic: str, body: bytes) -> None:
-            uploaded = parse_event(body, EpisodeUploaded)
-            decoded = await asyncio.to_thread(
-                decode_episode, store, uploaded, settings.pipeline_version
-            )
-            await publish_event(broker, TOPIC_DECODED, decoded, key=decoded.episode.episode_id)
+        await stage(msg)
 
-        await consume(msg, work)
-
-    return FastStream(broker)
+    app = FastStream(broker)
+    app.on_startup(stage.start)
+    app.after_shutdown(stage.stop)
+    return app

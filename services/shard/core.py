@@ -14,6 +14,7 @@ import itertools
 import tarfile
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import BinaryIO
 
 SHARD_FORMAT_VERSION = 1
 
@@ -75,23 +76,40 @@ class MemberSpan:
     length: int
 
 
-def build_tar(members: Sequence[Member]) -> tuple[bytes, list[MemberSpan]]:
-    """A deterministic POSIX (ustar) tar of the members, and where each member's data lies."""
-    buffer = io.BytesIO()
+def _tar_info(name: str, size: int) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.size = size
+    info.mtime = 0
+    info.mode = 0o644
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    return info
+
+
+def write_tar(sink: BinaryIO, members: Sequence[tuple[str, int, BinaryIO]]) -> list[MemberSpan]:
+    """Stream a deterministic POSIX (ustar) tar of (name, size, source) members into `sink`
+    (positioned at 0); returns where each member's data lies."""
     spans: list[MemberSpan] = []
-    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.USTAR_FORMAT) as tar:
-        for member in members:
-            info = tarfile.TarInfo(member.name)
-            info.size = len(member.data)
-            info.mtime = 0
-            info.mode = 0o644
-            info.uid = info.gid = 0
-            info.uname = info.gname = ""
+    with tarfile.open(fileobj=sink, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        for name, size, source in members:
+            info = _tar_info(name, size)
             header = info.tobuf(tarfile.USTAR_FORMAT, "utf-8", "strict")
-            offset = buffer.tell() + len(header)
-            tar.addfile(info, io.BytesIO(member.data))
-            spans.append(MemberSpan(member.name, offset, len(member.data)))
+            offset = sink.tell() + len(header)
+            tar.addfile(info, source)
+            spans.append(MemberSpan(name, offset, size))
+    return spans
+
+
+def build_tar(members: Sequence[Member]) -> tuple[bytes, list[MemberSpan]]:
+    """A deterministic POSIX (ustar) tar of in-memory members, and where each member's data lies."""
+    buffer = io.BytesIO()
+    spans = write_tar(buffer, [(m.name, len(m.data), io.BytesIO(m.data)) for m in members])
     return buffer.getvalue(), spans
+
+
+def episode_marker_key(pipeline_version: str, episode_id: str) -> str:
+    """Where the shard stage records which shards hold an episode's clips (written last)."""
+    return f"shards/{pipeline_version}/episodes/{episode_id}.json"
 
 
 def shard_keys(pipeline_version: str, sha256: str) -> tuple[str, str]:

@@ -1,14 +1,19 @@
-"""The validate stage: `episodes.decoded` -> rules (+ keyframe decode) -> `episodes.validated`."""
+"""The validate stage: `episodes.decoded` -> rules (+ keyframe decode) -> `episodes.validated`.
+
+Batches are bin-packed by episode duration (decode work scales with it) onto worker processes.
+"""
 
 from __future__ import annotations
 
-import asyncio
 import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
 from faststream import FastStream
 from faststream.confluent.annotations import KafkaMessage
+from pydantic import BaseModel
 
 from schemas.events import (
     TOPIC_DECODED,
@@ -17,19 +22,20 @@ from schemas.events import (
     EpisodeValidated,
     derive_event_id,
 )
-from services.common.objectstore import ObjectStore, object_store
+from services.common.batch import BatchStage, worker_store
+from services.common.objectstore import ObjectStore
 from services.common.settings import Settings
-from services.common.stage import (
-    Consume,
-    make_broker,
-    parse_event,
-    publish_event,
-    subscriber_options,
-)
+from services.common.stage import make_broker, parse_event, subscriber_options
 from services.media.av_io import decode_keyframes
 from services.validate.rules import KeyframeResult, RuleSet, evaluate
 
 GROUP = "egoline-validate"
+
+
+@dataclass(frozen=True)
+class ValidateJob:
+    decoded: EpisodeDecoded
+    rules: RuleSet
 
 
 def check_keyframes(store: ObjectStore, decoded: EpisodeDecoded, full: bool) -> KeyframeResult:
@@ -58,20 +64,43 @@ def validate_episode(
     )
 
 
+def run_validate(job: ValidateJob) -> EpisodeValidated:
+    """Worker-process entry point."""
+    return validate_episode(worker_store(), job.decoded, job.rules)
+
+
+def build_stage(
+    settings: Settings, broker: object, rules: RuleSet
+) -> BatchStage[ValidateJob, EpisodeValidated]:
+    def finish(
+        _jobs: dict[int, ValidateJob], results: dict[int, EpisodeValidated]
+    ) -> Sequence[tuple[str, BaseModel, str]]:
+        return [(TOPIC_VALIDATED, r, r.decoded.episode.episode_id) for r in results.values()]
+
+    return BatchStage(
+        broker,  # type: ignore[arg-type]
+        "validate",
+        settings,
+        settings.stage_workers,
+        prepare=lambda _topic, value: ValidateJob(parse_event(value, EpisodeDecoded), rules),
+        cost=lambda job: job.decoded.duration_s,
+        run=run_validate,
+        finish=finish,
+    )
+
+
 def build_app(settings: Settings, rules: RuleSet | None = None) -> FastStream:
     broker = make_broker(settings, "validate")
-    store = object_store(settings)
-    ruleset = rules or RuleSet()
-    consume = Consume(broker, "validate")
+    stage = build_stage(settings, broker, rules or RuleSet())
     broker.publisher(TOPIC_VALIDATED, title="episodes.validated", schema=EpisodeValidated)
 
-    @broker.subscriber(TOPIC_DECODED, title="validate", **subscriber_options(settings, GROUP))
+    @broker.subscriber(
+        TOPIC_DECODED, title="validate", **subscriber_options(settings, GROUP, batch=True)
+    )
     async def on_decoded(msg: KafkaMessage) -> None:
-        async def work(_topic: str, body: bytes) -> None:
-            decoded = parse_event(body, EpisodeDecoded)
-            validated = await asyncio.to_thread(validate_episode, store, decoded, ruleset)
-            await publish_event(broker, TOPIC_VALIDATED, validated, key=decoded.episode.episode_id)
+        await stage(msg)
 
-        await consume(msg, work)
-
-    return FastStream(broker)
+    app = FastStream(broker)
+    app.on_startup(stage.start)
+    app.after_shutdown(stage.stop)
+    return app

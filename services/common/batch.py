@@ -1,0 +1,217 @@
+"""Batched stages: a batch of records -> jobs bin-packed onto worker processes -> outputs.
+
+The same delivery rules as `stage.Consume`, per batch: outputs (and dead letters) are published
+and acknowledged by the broker, in record order, before the batch's offsets are committed; a
+transient failure anywhere rewinds the whole batch (every effect is idempotent, so redoing the
+records that had succeeded is harmless).
+
+Work runs in a process pool (`spawn`: no fork after librdkafka threads start). Each worker
+process builds its own object store client once (`init_worker`). A stage provides:
+- `prepare(topic, value) -> Job` (pure, in the consumer process; raises PermanentError),
+- `cost(job) -> float` (for the bin-packing),
+- `run(job) -> Result` (a top-level function, run in a worker process),
+- `finish(jobs, results) -> [(topic, event, key)]` (in the consumer process, in a thread: the
+  place for batch-level effects such as packing clips of many episodes into shards).
+`prepare` may return None for a record that needs no work (it is simply acknowledged).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing
+import random
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+from faststream.confluent import KafkaBroker
+from faststream.confluent.annotations import KafkaMessage
+from pydantic import BaseModel
+
+from schemas.events import ReasonCode, dlq_topic
+from services.common.objectstore import ObjectStore, object_store
+from services.common.scheduling import Ramp, lpt_assign, makespan_ratio
+from services.common.settings import Settings
+from services.common.stage import PermanentError, dlq_record, is_transient, publish_event
+
+log = logging.getLogger("egoline.batch")
+J = TypeVar("J")
+R = TypeVar("R")
+
+_WORKER_STORE: ObjectStore | None = None
+
+
+def init_worker(settings: Settings) -> None:
+    """Per worker process: one object store client, reused for every job."""
+    global _WORKER_STORE
+    _WORKER_STORE = object_store(settings)
+
+
+def worker_store() -> ObjectStore:
+    if _WORKER_STORE is None:
+        raise RuntimeError("worker process not initialised")
+    return _WORKER_STORE
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A job's failure as data (exceptions with extra fields don't cross processes well)."""
+
+    transient: bool
+    code: ReasonCode
+    message: str
+
+
+def run_jobs(run: Callable[[Any], Any], jobs: list[Any]) -> tuple[list[Any], float]:
+    """One worker's share of a batch, in order; returns (results or Failures, busy seconds)."""
+    started = time.perf_counter()
+    results: list[Any] = []
+    for job in jobs:
+        try:
+            results.append(run(job))
+        except PermanentError as exc:
+            results.append(Failure(False, exc.code, exc.message))
+        except Exception as exc:
+            if is_transient(exc):
+                results.append(
+                    Failure(True, ReasonCode.INTERNAL_ERROR, f"{type(exc).__name__}: {exc}")
+                )
+            else:
+                log.exception("job failed")
+                results.append(
+                    Failure(False, ReasonCode.INTERNAL_ERROR, f"{type(exc).__name__}: {exc}")
+                )
+    return results, time.perf_counter() - started
+
+
+@dataclass
+class BatchStats:
+    batches: int = 0
+    records: int = 0
+    makespan_ratios: list[float] = field(default_factory=list)
+
+
+@dataclass
+class BatchStage(Generic[J, R]):
+    broker: KafkaBroker
+    stage: str
+    settings: Settings
+    workers: int
+    prepare: Callable[[str, bytes], J | None]
+    cost: Callable[[J], float]
+    run: Callable[[J], R]
+    finish: Callable[[dict[int, J], dict[int, R]], Sequence[tuple[str, BaseModel, str]]]
+    stats: BatchStats = field(default_factory=BatchStats)
+    _pool: ProcessPoolExecutor | None = None
+    _ramp: Ramp | None = None
+    _failures: int = 0
+
+    def start(self) -> None:
+        self._pool = ProcessPoolExecutor(
+            max_workers=self.workers,
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=init_worker,
+            initargs=(self.settings,),
+        )
+        self._ramp = Ramp(self.workers)
+
+    def stop(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+
+    async def __call__(self, msg: KafkaMessage) -> None:
+        raw = msg.raw_message if isinstance(msg.raw_message, tuple) else (msg.raw_message,)
+        records = [
+            (
+                str(r.topic()),
+                int(r.partition() or 0),
+                int(r.offset() or 0),
+                r.key(),
+                r.value() or b"",
+            )
+            for r in raw
+        ]
+        jobs: dict[int, J] = {}
+        failures: dict[int, Failure] = {}
+        for i, (topic, _, _, _, value) in enumerate(records):
+            try:
+                job = self.prepare(topic, value)
+            except PermanentError as exc:
+                failures[i] = Failure(False, exc.code, exc.message)
+                continue
+            if job is not None:
+                jobs[i] = job
+        results: dict[int, R] = {}
+        if jobs:
+            done, transient = await self._run_jobs(jobs)
+            if transient is None:
+                for i, outcome in done.items():
+                    if isinstance(outcome, Failure):
+                        failures[i] = outcome
+                    else:
+                        results[i] = outcome
+                try:
+                    outputs = await asyncio.to_thread(
+                        self.finish, {i: jobs[i] for i in results}, results
+                    )
+                except PermanentError as exc:
+                    # A batch-level effect failed for good: dead-letter the batch's records.
+                    for i in results:
+                        failures[i] = Failure(False, exc.code, exc.message)
+                    outputs = []
+                except Exception as exc:
+                    if not is_transient(exc):
+                        raise
+                    transient = f"{type(exc).__name__}: {exc}"
+            if transient is not None:
+                self._failures += 1
+                delay = min(30.0, 0.5 * 2 ** (self._failures - 1)) * random.uniform(0.5, 1.0)
+                log.warning(
+                    "%s: transient failure, batch rewound (retry in %.1fs): %s",
+                    self.stage,
+                    delay,
+                    transient,
+                )
+                await msg.nack()
+                await asyncio.sleep(delay)
+                return
+            for out_topic, event, out_key in outputs:
+                await publish_event(self.broker, out_topic, event, key=out_key)
+        for i, (topic, partition, offset, key, value) in enumerate(records):
+            if i not in failures:
+                continue
+            failure = failures[i]
+            error = PermanentError(failure.code, failure.message)
+            log.warning("%s: %s[%d]@%d -> DLQ %s", self.stage, topic, partition, offset, error)
+            record = dlq_record(self.stage, topic, partition, offset, key, value, error)
+            await publish_event(self.broker, dlq_topic(topic), record, key=record.event_id)
+        self._failures = 0
+        self.stats.batches += 1
+        self.stats.records += len(records)
+        await msg.ack()
+
+    async def _run_jobs(self, jobs: dict[int, J]) -> tuple[dict[int, R | Failure], str | None]:
+        assert self._pool is not None and self._ramp is not None
+        indexes = list(jobs)
+        width = self._ramp.next_width()
+        plan = lpt_assign([self.cost(jobs[i]) for i in indexes], width)
+        loop = asyncio.get_running_loop()
+        started = time.perf_counter()
+        futures = [
+            loop.run_in_executor(self._pool, run_jobs, self.run, [jobs[indexes[j]] for j in share])
+            for share in plan
+        ]
+        shares = await asyncio.gather(*futures)
+        wall = time.perf_counter() - started
+        self.stats.makespan_ratios.append(makespan_ratio([busy for _, busy in shares], wall))
+        done: dict[int, R | Failure] = {}
+        transient: str | None = None
+        for share, (results, _) in zip(plan, shares, strict=True):
+            for j, result in zip(share, results, strict=True):
+                done[indexes[j]] = result
+                if isinstance(result, Failure) and result.transient:
+                    transient = result.message
+        return done, transient
