@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
@@ -27,25 +26,9 @@ from services.stack.fleet import Fleet
 from services.synth.writer import Defect
 from tests.fixtures.media import EpisodeFactory
 from tests.fixtures.polling import wait_for
+from tests.fixtures.stack import episode_states
 
 pytestmark = pytest.mark.connected
-
-
-@pytest.fixture(scope="module")
-def fleet(stack: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
-    """decode, validate, shard and metadata, each its own `egoline serve` process."""
-    running = Fleet(tmp_path_factory.mktemp("logs"), env={"EGOLINE_START_JITTER_S": "0"})
-    running.start_all()
-    yield running
-    running.stop()
-
-
-def episode_states(settings: Settings, ids: list[str]) -> dict[str, str]:
-    with psycopg.connect(settings.database_libpq_url) as conn:
-        rows = conn.execute(
-            "SELECT episode_id, status FROM episodes WHERE episode_id = ANY(%s)", (ids,)
-        ).fetchall()
-    return {r[0]: r[1] for r in rows}
 
 
 def test_episodes_travel_every_stage_and_a_clip_reads_back_by_byte_range(

@@ -1,0 +1,169 @@
+"""The three stages on the real stack: every synthetic defect gets its own reason code while
+the stages keep consuming, and redelivering every event changes nothing."""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import psycopg
+import pytest
+from confluent_kafka import Producer
+
+from schemas.events import (
+    TOPIC_DECODED,
+    TOPIC_SHARDS,
+    TOPIC_UPLOADED,
+    TOPIC_VALIDATED,
+    EpisodeRef,
+    EpisodeUploaded,
+    SourceFile,
+    derive_event_id,
+)
+from services.agent.runner import make_agent
+from services.common import kafka
+from services.common.objectstore import object_store
+from services.common.settings import Settings
+from services.stack.fleet import Fleet
+from services.synth.writer import Defect
+from tests.fixtures.kafka_read import read_topic
+from tests.fixtures.media import EpisodeFactory
+from tests.fixtures.polling import wait_for
+from tests.fixtures.stack import episode_states
+
+pytestmark = pytest.mark.connected
+
+EXPECTED = {
+    Defect.TRUNCATED: ("dead_lettered", "container_incomplete"),
+    Defect.CORRUPT_PACKETS: ("rejected", "keyframe_undecodable"),
+    Defect.NON_MONOTONIC: ("rejected", "non_monotonic_timestamps"),
+    Defect.IMU_MISMATCH: ("rejected", "imu_row_mismatch"),
+    Defect.NOT_VIDEO: ("dead_lettered", "not_a_video"),
+    Defect.ZERO_BYTE: ("dead_lettered", "empty_file"),
+}
+
+
+def reasons(settings: Settings, episode_id: str) -> set[str]:
+    with psycopg.connect(settings.database_libpq_url) as conn:
+        dead = conn.execute(
+            "SELECT reason_code FROM dead_letters WHERE episode_id = %s", (episode_id,)
+        ).fetchall()
+        verdict = conn.execute(
+            "SELECT r->>'code' FROM verdicts, jsonb_array_elements(reasons) r "
+            "WHERE episode_id = %s",
+            (episode_id,),
+        ).fetchall()
+    return {row[0] for row in dead + verdict}
+
+
+def publish_zero_byte_episode(settings: Settings, episode_id: str) -> None:
+    """The agent refuses zero-byte files, so this one is put on the topic directly, as a
+    misbehaving uploader would, to prove decode dead-letters it."""
+    empty = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+    key = f"raw/devx/2026/01/01/{episode_id}/{empty}.mp4"
+    object_store(settings).put_bytes(key, b"")
+    event = EpisodeUploaded(
+        event_id=derive_event_id("uploaded", episode_id, empty),
+        produced_at=datetime.now(UTC),
+        episode=EpisodeRef(
+            episode_id=episode_id,
+            device_id="devx",
+            session_id="sx",
+            started_at=datetime(2026, 1, 1, tzinfo=UTC),
+            video=SourceFile(key=key, sha256=empty, size_bytes=0),
+        ),
+    )
+    producer = Producer(kafka.producer_config(settings))
+    producer.produce(TOPIC_UPLOADED, key=episode_id.encode(), value=event.model_dump_json())
+    producer.flush(10)
+
+
+def test_every_defect_gets_its_own_reason_and_clean_episodes_still_flow(
+    stack: Settings, fleet: Fleet, episode_factory: EpisodeFactory, tmp_path: Path
+) -> None:
+    seed = 5000 + int(time.time()) % 4000
+    defects = [d for d in EXPECTED if d is not Defect.ZERO_BYTE]
+    dirs = episode_factory(len(defects) + 2, seed=seed, defects=tuple(defects))
+    by_defect = dict(zip(defects, dirs, strict=False))
+    clean = dirs[len(defects) :]
+    agent = make_agent(
+        stack.model_copy(update={"agent_state_dir": tmp_path / "agent"}), object_store(stack)
+    )
+    assert agent.run_once(dirs, 30).get("published") == len(dirs)
+    zero_id = f"zero{seed}"
+    publish_zero_byte_episode(stack, zero_id)
+
+    ids = {d: p.name for d, p in by_defect.items()} | {Defect.ZERO_BYTE: zero_id}
+    expected = {ids[d]: state for d, (state, _) in EXPECTED.items()}
+    expected |= {c.name: "sharded" for c in clean}
+    wait_for(
+        lambda: episode_states(stack, list(expected)) == expected, 180, "every episode's outcome"
+    )
+    for defect, (_, code) in EXPECTED.items():
+        assert code in reasons(stack, ids[defect]), f"{defect}: {reasons(stack, ids[defect])}"
+    assert not fleet.dead()
+
+
+def committed_everything(settings: Settings, group: str, topic: str) -> bool:
+    """The group's committed offsets reached the end of every partition of the topic."""
+    from confluent_kafka import ConsumerGroupTopicPartitions
+
+    ends: dict[int, int] = {}
+    for msg in read_topic(settings, topic, quiet_s=1.0):
+        ends[int(msg.partition() or 0)] = int(msg.offset() or 0) + 1
+    admin = kafka.admin_client(settings)
+    future = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)])[group]
+    committed = {
+        tp.partition: tp.offset for tp in future.result().topic_partitions if tp.topic == topic
+    }
+    return all(committed.get(p, -1) >= end for p, end in ends.items())
+
+
+def test_redelivering_every_event_writes_no_new_objects_and_no_duplicate_clips(
+    stack: Settings, fleet: Fleet, episode_factory: EpisodeFactory, tmp_path: Path
+) -> None:
+    seed = 1000 + int(time.time()) % 4000
+    dirs = episode_factory(3, seed=seed, duration_s=(12.0, 16.0))
+    ids = [d.name for d in dirs]
+    store = object_store(stack)
+    agent = make_agent(stack.model_copy(update={"agent_state_dir": tmp_path / "agent"}), store)
+    agent.run_once(dirs, 30)
+    wait_for(lambda: set(episode_states(stack, ids).values()) == {"sharded"}, 120, "first pass")
+    for group, topic in (
+        ("egoline-decode", TOPIC_UPLOADED),
+        ("egoline-validate", TOPIC_DECODED),
+        ("egoline-shard", TOPIC_VALIDATED),
+    ):
+        wait_for(lambda g=group, t=topic: committed_everything(stack, g, t), 60, f"{group} idle")
+    objects_before = set(store.list_keys("shards/")) | set(store.list_keys("raw/"))
+    with psycopg.connect(stack.database_libpq_url) as conn:
+        clips_before = conn.execute("SELECT count(*) FROM clips").fetchone()
+
+    producer = Producer(kafka.producer_config(stack))
+    for topic in (TOPIC_UPLOADED, TOPIC_DECODED, TOPIC_VALIDATED):
+        for msg in read_topic(stack, topic):
+            if (msg.key() or b"").decode() in ids:
+                producer.produce(topic, key=msg.key(), value=msg.value())
+    producer.flush(10)
+    for group, topic in (
+        ("egoline-decode", TOPIC_UPLOADED),
+        ("egoline-validate", TOPIC_DECODED),
+        ("egoline-shard", TOPIC_VALIDATED),
+    ):
+        wait_for(lambda g=group, t=topic: committed_everything(stack, g, t), 120, f"{group} redo")
+
+    assert set(store.list_keys("shards/")) | set(store.list_keys("raw/")) == objects_before
+    with psycopg.connect(stack.database_libpq_url) as conn:
+        assert conn.execute("SELECT count(*) FROM clips").fetchone() == clips_before
+    members: list[str] = []
+    for key in store.list_keys("shards/"):
+        if key.endswith(".index.json"):
+            members += [m["name"] for m in json.loads(store.get_bytes(key))["members"]]
+    assert len(members) == len(set(members)), "a clip was written into two shards"
+    shard_event_ids = [
+        json.loads(m.value() or b"{}")["event_id"] for m in read_topic(stack, TOPIC_SHARDS)
+    ]
+    replayed = len(shard_event_ids) - len(set(shard_event_ids))
+    assert replayed > 0, "redelivered episodes re-emit their shard events, with the same ids"
