@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import time
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 
 import psycopg
@@ -136,7 +137,7 @@ def test_redelivering_every_event_writes_no_new_objects_and_no_duplicate_clips(
         ("egoline-validate", TOPIC_DECODED),
         ("egoline-shard", TOPIC_VALIDATED),
     ):
-        wait_for(lambda g=group, t=topic: committed_everything(stack, g, t), 60, f"{group} idle")
+        wait_for(partial(committed_everything, stack, group, topic), 60, f"{group} idle")
     objects_before = set(store.list_keys("shards/")) | set(store.list_keys("raw/"))
     with psycopg.connect(stack.database_libpq_url) as conn:
         clips_before = conn.execute("SELECT count(*) FROM clips").fetchone()
@@ -152,7 +153,7 @@ def test_redelivering_every_event_writes_no_new_objects_and_no_duplicate_clips(
         ("egoline-validate", TOPIC_DECODED),
         ("egoline-shard", TOPIC_VALIDATED),
     ):
-        wait_for(lambda g=group, t=topic: committed_everything(stack, g, t), 120, f"{group} redo")
+        wait_for(partial(committed_everything, stack, group, topic), 120, f"{group} redo")
 
     assert set(store.list_keys("shards/")) | set(store.list_keys("raw/")) == objects_before
     with psycopg.connect(stack.database_libpq_url) as conn:
