@@ -39,12 +39,15 @@ ENCODERS = {"h264": "libx264", "h265": "libx265", "av1": "libsvtav1"}
 
 @dataclass
 class EncodeStream:
-    """One video stream to encode; `frames` yields HxWx3 uint8 RGB arrays."""
+    """One video stream to encode; `frames` yields HxWx3 uint8 RGB arrays, or, with
+    `yuv=True`, ready (H*3/2, W) planar YUV 4:2:0 arrays."""
 
     frames: Iterable[NDArray[np.uint8]]
     codec: str = "h264"
     width: int = 320
     height: int = 240
+    yuv: bool = False
+    crf: int = 23
 
 
 def encode_video(
@@ -87,18 +90,23 @@ def encode_video(
                 }
             else:
                 stream.codec_context.options = {"preset": "12", "svtav1-params": f"keyint={gop}"}
-            encoders.append((stream, iter(spec.frames)))
+            stream.codec_context.options = {
+                **stream.codec_context.options,
+                **({"crf": str(spec.crf)} if spec.codec != "av1" else {}),
+            }
+            encoders.append((stream, iter(spec.frames), spec))
         count = 0
         while True:
             done = 0
-            for stream, frames in encoders:
+            for stream, frames, spec in encoders:
                 array = next(frames, None)
                 if array is None:
                     done += 1
                     continue
                 # Convert in numpy, not swscale: swscale's first conversion in a process can
                 # differ from later ones, which would make synthetic files non-reproducible.
-                frame = av.VideoFrame.from_ndarray(rgb_to_yuv420p(array), format="yuv420p")
+                planes = array if spec.yuv else rgb_to_yuv420p(array)
+                frame = av.VideoFrame.from_ndarray(planes, format="yuv420p")
                 # Explicit timestamps (time_base 1/fps); unset, x264 output varies run to run.
                 frame.pts = count
                 frame.time_base = Fraction(1, fps)
@@ -106,7 +114,7 @@ def encode_video(
             if done == len(encoders):
                 break
             count += 1
-        for stream, _ in encoders:
+        for stream, _, _ in encoders:
             out.mux(stream.encode(None))
     return count
 
@@ -387,3 +395,25 @@ def corrupt_keyframes(source: Path, dest: Path, seed: int, every: int = 2) -> in
             packet.stream = out_stream
             out.mux(packet)
     return corrupted
+
+
+def remux_prefix(source: Path, dest: Path, duration_s: float, title: str) -> int:
+    """Copy the first `duration_s` seconds of every stream into `dest` (same container kind),
+    without re-encoding, with `title` in the container metadata; returns packets written.
+    Cutting at a keyframe boundary of the primary stream keeps the result decodable."""
+    written = 0
+    with av.open(str(source)) as src:
+        fmt = str(src.format.name).split(",")[0]
+        fmt = "mp4" if fmt == "mov" else fmt
+        with av.open(str(dest), mode="w", format=fmt, options={"fflags": "+bitexact"}) as out:
+            out.metadata["title"] = title
+            mapping = {s.index: out.add_stream_from_template(s) for s in src.streams.video}
+            for packet in src.demux(*src.streams.video):
+                if packet.pts is None or packet.size == 0 or packet.time_base is None:
+                    continue
+                if float(packet.pts * packet.time_base) >= duration_s:
+                    continue
+                packet.stream = mapping[packet.stream.index]
+                out.mux(packet)
+                written += 1
+    return written

@@ -52,3 +52,32 @@ def imu_rows(count: int, fps: int, seed: int) -> NDArray[np.float32]:
     )
     noise = rng.normal(0, 0.01, size=(count, 6))
     return (np.concatenate([accel, gyro], axis=1) + noise).astype(np.float32)
+
+
+def yuv_scroll_frames(
+    count: int, width: int, height: int, seed: int
+) -> Iterator[NDArray[np.uint8]]:
+    """Fast moving scene, straight in planar YUV 4:2:0: a textured canvas scrolled by a few
+    pixels a frame plus a moving block. About 1 ms a 720p frame (vs ~30 ms for `rgb_frames`
+    plus conversion), for long high-resolution benchmark episodes."""
+    rng = np.random.default_rng(seed)
+    pad = 256
+    ys, xs = np.mgrid[0 : height + pad, 0 : width + pad]
+    phase = rng.uniform(0, 6.28)
+    luma = 128 + 60 * np.sin(xs / 23.0 + phase) * np.cos(ys / 31.0) + rng.normal(0, 3, xs.shape)
+    canvas_y = np.clip(luma, 16, 235).astype(np.uint8)
+    canvas_u = np.full(((height + pad) // 2, (width + pad) // 2), rng.integers(90, 160), np.uint8)
+    canvas_v = np.full_like(canvas_u, rng.integers(90, 160))
+    side = max(16, min(width, height) // 6) // 2 * 2
+    out = np.empty((height * 3 // 2, width), dtype=np.uint8)
+    for t in range(count):
+        dx, dy = (3 * t) % pad // 2 * 2, (2 * t) % pad // 2 * 2
+        out[:height] = canvas_y[dy : dy + height, dx : dx + width]
+        u = canvas_u[dy // 2 : dy // 2 + height // 2, dx // 2 : dx // 2 + width // 2]
+        v = canvas_v[dy // 2 : dy // 2 + height // 2, dx // 2 : dx // 2 + width // 2]
+        out[height : height + height // 4] = u.reshape(height // 4, width)
+        out[height + height // 4 :] = v.reshape(height // 4, width)
+        cx = int((width - side) * (0.5 + 0.5 * np.sin(0.05 * t))) // 2 * 2
+        cy = int((height - side) * (0.5 + 0.5 * np.cos(0.07 * t))) // 2 * 2
+        out[cy : cy + side, cx : cx + side] = 235
+        yield out.copy()

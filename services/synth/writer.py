@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
@@ -16,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from services.agent.recordings import COMPLETION_MARKER as MARKER
-from services.media.av_io import EncodeStream, corrupt_keyframes, encode_video
+from services.media.av_io import EncodeStream, corrupt_keyframes, encode_video, remux_prefix
 from services.synth import scene
 from services.synth.ebml import shift_block_timestamps
 
@@ -163,3 +164,75 @@ def _apply_file_defect(spec: EpisodeSpec, video: Path) -> None:
         data = video.read_bytes()
         blocks = spec.fps * 2  # two seconds in: five blocks jump 400 ms back
         video.write_bytes(shift_block_timestamps(data, blocks, 5, -400))
+
+
+def write_from_templates(
+    specs: list[EpisodeSpec],
+    out_dir: Path,
+    templates: int = 3,
+    crf: int = 30,
+    on_done: Callable[[EpisodeSpec], None] = lambda _spec: None,
+) -> list[Path]:
+    """Long, high-resolution episodes fast: encode a few template videos as long as the longest
+    episode (H.264 MP4, fast YUV scene), then make each episode a keyframe-aligned prefix of one
+    of them, remuxed with its id in the container title (so every file is distinct), plus its
+    own IMU. For benchmarks; `write_episode` stays the general path (codecs, defects)."""
+    if not specs:
+        return []
+    longest = max(s.duration_s for s in specs)
+    fps, width, height = specs[0].fps, specs[0].width, specs[0].height
+    template_dir = out_dir / ".templates"
+    template_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for t in range(templates):
+        path = template_dir / f"t{t}-{width}x{height}-{fps}-{longest:.0f}-{crf}.mp4"
+        if not path.exists():
+            frames = round(longest * fps) + fps
+            tmp = path.with_suffix(".partial.mp4")
+            encode_video(
+                tmp,
+                [
+                    EncodeStream(
+                        scene.yuv_scroll_frames(frames, width, height, 7919 * (t + 1)),
+                        "h264",
+                        width,
+                        height,
+                        yuv=True,
+                        crf=crf,
+                    )
+                ],
+                fps=fps,
+                gop=fps,
+                container_format="mp4",
+            )
+            os.replace(tmp, path)
+        paths.append(path)
+    out = []
+    for i, spec in enumerate(specs):
+        directory = out_dir / spec.episode_id
+        if not (directory / MARKER).exists():
+            directory.mkdir(parents=True, exist_ok=True)
+            whole_seconds = max(1.0, float(int(spec.duration_s)))  # cut on a keyframe (1 s GOP)
+            frames = remux_prefix(
+                paths[i % templates], directory / "video.mp4", whole_seconds, spec.episode_id
+            )
+            np.save(
+                directory / "imu.npy", scene.imu_rows(frames, fps, spec.seed), allow_pickle=False
+            )
+            meta = {
+                "episode_id": spec.episode_id,
+                "device_id": spec.device_id,
+                "session_id": spec.session_id,
+                "started_at": spec.started_at.isoformat(),
+                "fps": fps,
+                "frames": frames,
+                "video": "video.mp4",
+                "imu": "imu.npy",
+                "synthetic": {"template": i % templates, "duration_s": whole_seconds},
+            }
+            tmp_marker = directory / (MARKER + ".tmp")
+            tmp_marker.write_text(json.dumps(meta, indent=2))
+            os.replace(tmp_marker, directory / MARKER)
+        on_done(spec)
+        out.append(directory)
+    return out
