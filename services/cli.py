@@ -122,6 +122,9 @@ def serve(
     }
     import importlib
 
+    from services.common.metrics import serve_metrics
+
+    serve_metrics(settings.metrics_port, settings.metrics_host)
     stream_app: FastStream = importlib.import_module(apps[stage]).build_app(settings)
     asyncio.run(stream_app.run())
 
@@ -357,6 +360,37 @@ def bench_upload(
 
     del as_json  # the JSON line is always last on stdout; progress goes to stderr
     print_json_line(run(get_settings(), mb, log=lambda line: err.print(f"[dim]bench:[/] {line}")))
+
+
+@bench_app.command("ingest")
+def bench_ingest(
+    episodes: Annotated[int, typer.Option(min=1)] = 200,
+    naive_episodes: Annotated[int, typer.Option(min=1, help="episodes for the naive run")] = 2,
+    seed: Annotated[int, typer.Option(help="-1: fresh episode ids each run")] = -1,
+    min_s: float = 30.0,
+    max_s: float = 120.0,
+    width: int = 1280,
+    height: int = 720,
+    as_json: Annotated[bool, typer.Option("--json", help="only the JSON line on stdout")] = False,
+) -> None:
+    """Ingest throughput, every stage a process, vs a plain copy and a naive transcode."""
+    from services.bench.ingest import bench_ingest as run
+    from services.common.settings import reset_settings_cache
+    from services.stack.provision import stack_up as bring_up
+
+    del as_json
+    bring_up(get_settings(), log=lambda line: err.print(f"[dim]stack:[/] {line}"))
+    reset_settings_cache()
+    result = run(
+        get_settings(),
+        episodes,
+        naive_episodes,
+        seed,
+        (min_s, max_s),
+        (width, height),
+        log=lambda line: err.print(f"[dim]bench:[/] {line}"),
+    )
+    print_json_line(result)
 
 
 # --- the demo -----------------------------------------------------------------------------

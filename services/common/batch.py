@@ -32,6 +32,7 @@ from faststream.confluent.annotations import KafkaMessage
 from pydantic import BaseModel
 
 from schemas.events import ReasonCode, dlq_topic
+from services.common import metrics
 from services.common.objectstore import ObjectStore, object_store
 from services.common.scheduling import Ramp, lpt_assign, makespan_ratio
 from services.common.settings import Settings
@@ -65,9 +66,11 @@ class Failure:
     message: str
 
 
-def run_jobs(run: Callable[[Any], Any], jobs: list[Any]) -> tuple[list[Any], float]:
-    """One worker's share of a batch, in order; returns (results or Failures, busy seconds)."""
+def run_jobs(run: Callable[[Any], Any], jobs: list[Any]) -> tuple[list[Any], float, int]:
+    """One worker's share of a batch, in order; returns (results or Failures, busy seconds,
+    object bytes read)."""
     started = time.perf_counter()
+    read_before = worker_store().bytes_read
     results: list[Any] = []
     for job in jobs:
         try:
@@ -84,7 +87,7 @@ def run_jobs(run: Callable[[Any], Any], jobs: list[Any]) -> tuple[list[Any], flo
                 results.append(
                     Failure(False, ReasonCode.INTERNAL_ERROR, f"{type(exc).__name__}: {exc}")
                 )
-    return results, time.perf_counter() - started
+    return results, time.perf_counter() - started, worker_store().bytes_read - read_before
 
 
 @dataclass
@@ -123,6 +126,7 @@ class BatchStage(Generic[J, R]):
             self._pool.shutdown(wait=True, cancel_futures=True)
 
     async def __call__(self, msg: KafkaMessage) -> None:
+        started = time.perf_counter()
         raw = msg.raw_message if isinstance(msg.raw_message, tuple) else (msg.raw_message,)
         records = [
             (
@@ -192,6 +196,10 @@ class BatchStage(Generic[J, R]):
         self.stats.batches += 1
         self.stats.records += len(records)
         await msg.ack()
+        metrics.BATCH_SIZE.labels(self.stage).observe(len(records))
+        metrics.BATCH_SECONDS.labels(self.stage).observe(time.perf_counter() - started)
+        metrics.RECORDS.labels(self.stage, "dead_lettered").inc(len(failures))
+        metrics.RECORDS.labels(self.stage, "ok").inc(len(records) - len(failures))
 
     async def _run_jobs(self, jobs: dict[int, J]) -> tuple[dict[int, R | Failure], str | None]:
         assert self._pool is not None and self._ramp is not None
@@ -206,10 +214,13 @@ class BatchStage(Generic[J, R]):
         ]
         shares = await asyncio.gather(*futures)
         wall = time.perf_counter() - started
-        self.stats.makespan_ratios.append(makespan_ratio([busy for _, busy in shares], wall))
+        ratio = makespan_ratio([busy for _, busy, _ in shares], wall)
+        self.stats.makespan_ratios.append(ratio)
+        metrics.MAKESPAN_RATIO.labels(self.stage).observe(ratio)
+        metrics.BYTES_READ.labels(self.stage).inc(sum(read for _, _, read in shares))
         done: dict[int, R | Failure] = {}
         transient: str | None = None
-        for share, (results, _) in zip(plan, shares, strict=True):
+        for share, (results, _, _) in zip(plan, shares, strict=True):
             for j, result in zip(share, results, strict=True):
                 done[indexes[j]] = result
                 if isinstance(result, Failure) and result.transient:

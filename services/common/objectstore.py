@@ -33,6 +33,7 @@ class ObjectStore:
         self.client = client
         self.bucket = bucket
         self.part_size = part_size
+        self.bytes_read = 0  # object bytes fetched by this client (for bytes-read-per-byte)
 
     def ensure_bucket(self) -> None:
         if not self.client.bucket_exists(self.bucket):
@@ -60,7 +61,9 @@ class ObjectStore:
     def get_bytes(self, key: str) -> bytes:
         response = self.client.get_object(self.bucket, key)
         try:
-            return response.read()
+            data = response.read()
+            self.bytes_read += len(data)
+            return data
         finally:
             response.close()
             response.release_conn()
@@ -71,7 +74,9 @@ class ObjectStore:
             raise ValueError(f"bad range offset={byte_offset} length={length}")
         response = self.client.get_object(self.bucket, key, offset=byte_offset, length=length)
         try:
-            return response.read()
+            data = response.read()
+            self.bytes_read += len(data)
+            return data
         finally:
             response.close()
             response.release_conn()
@@ -124,6 +129,7 @@ class ObjectStore:
 
     def download(self, key: str, path: Path) -> None:
         self.client.fget_object(self.bucket, key, str(path))
+        self.bytes_read += path.stat().st_size
 
     def stat(self, key: str) -> ObjectInfo | None:
         try:

@@ -76,7 +76,8 @@ class Settings(BaseSettings):
     shard_target_mb: float = Field(default=512.0, gt=0)
     split_key: str = Field(default="session", pattern="^(session|device)$")
     eval_fraction: float = Field(default=0.1, ge=0, le=1)
-    metrics_port: int | None = None
+    metrics_port: int | None = Field(default=None, description="serve /metrics on this port")
+    metrics_host: str = "127.0.0.1"
     start_jitter_s: float = Field(default=1.0, ge=0, description="staggered start: max delay")
     stage_workers: int = Field(default=2, ge=1, le=64, description="worker processes per stage")
     batch_max_records: int = Field(default=16, ge=1, le=10_000)

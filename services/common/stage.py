@@ -98,9 +98,11 @@ def make_broker(settings: Settings, service: str, **kwargs: Any) -> KafkaBroker:
 
 
 def subscriber_options(settings: Settings, group_id: str, batch: bool = False) -> dict[str, Any]:
-    extra: dict[str, Any] = {}
+    from services.common.metrics import assignment_callbacks
+
+    extra: dict[str, Any] = assignment_callbacks(group_id.removeprefix("egoline-"))
     if batch:
-        extra = {
+        extra |= {
             "batch": True,
             "max_records": settings.batch_max_records,
             "polling_interval": settings.batch_wait_s,

@@ -12,6 +12,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from services.stack.launcher import free_port
+
 STAGES = ("decode", "validate", "shard", "metadata")
 
 
@@ -22,24 +24,46 @@ class Fleet:
     log_dir: Path
     env: dict[str, str] = field(default_factory=dict)
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    metrics_ports: dict[str, int] = field(default_factory=dict)
 
     def start(self, stage: str, replicas: int = 1) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         for n in range(replicas):
             name = f"{stage}-{n}"
             log = (self.log_dir / f"{name}.log").open("ab")
+            self.metrics_ports[name] = free_port()
             self.procs[name] = subprocess.Popen(
                 [sys.executable, "-m", "services.cli", "serve", stage],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                env={**os.environ, **self.env},
+                env={
+                    **os.environ,
+                    **self.env,
+                    "EGOLINE_METRICS_PORT": str(self.metrics_ports[name]),
+                },
                 start_new_session=True,
             )
 
     def start_all(self, stages: tuple[str, ...] = STAGES) -> None:
         for stage in stages:
             self.start(stage)
+
+    def wait_ready(self, timeout_s: float = 90.0) -> None:
+        """Block until every process reports assigned partitions on /metrics (its consumer
+        finished joining its group). Stopping a member mid-join can wedge a group on the
+        embedded broker (docs/stack.md), and a service is not ready before it has joined."""
+        deadline = time.monotonic() + timeout_s
+        waiting = set(self.procs)
+        while waiting:
+            for name in sorted(waiting):
+                if self.procs[name].poll() is not None:
+                    raise RuntimeError(f"{name} exited; see {self.log_dir / (name + '.log')}")
+                if _assigned(self.metrics_ports[name]) > 0:
+                    waiting.discard(name)
+            if waiting and time.monotonic() > deadline:
+                raise TimeoutError(f"not ready after {timeout_s}s: {sorted(waiting)}")
+            time.sleep(0.3)
 
     def dead(self) -> list[str]:
         return [name for name, p in self.procs.items() if p.poll() is not None]
@@ -66,6 +90,23 @@ def running_fleet(log_dir: Path, stages: tuple[str, ...] = STAGES) -> Iterator[F
     fleet = Fleet(log_dir)
     fleet.start_all(stages)
     try:
+        fleet.wait_ready()
         yield fleet
     finally:
         fleet.stop()
+
+
+def _assigned(port: int) -> float:
+    """`egoline_stage_assigned_partitions` of one process, 0 if it can't be read yet."""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as resp:
+            text = resp.read().decode()
+    except OSError:
+        return 0.0
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith("egoline_stage_assigned_partitions{"):
+            total += float(line.rsplit(" ", 1)[1])
+    return total

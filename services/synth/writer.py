@@ -181,7 +181,7 @@ def write_from_templates(
         return []
     longest = max(s.duration_s for s in specs)
     fps, width, height = specs[0].fps, specs[0].width, specs[0].height
-    template_dir = out_dir / ".templates"
+    template_dir = out_dir.parent / ".templates"
     template_dir.mkdir(parents=True, exist_ok=True)
     paths = []
     for t in range(templates):

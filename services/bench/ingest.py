@@ -1,0 +1,206 @@
+"""`egoline bench ingest`: the pipeline against a plain copy and against the naive approach.
+
+In one run, on the embedded stack:
+1. synthesise the episodes (not timed; reused across runs by seed),
+2. the copy limit: PUT then GET every raw file through the same object store, 3 threads,
+3. the pipeline: every stage as its own process (`egoline serve`), already joined (a warm-up
+   episode goes through first); timed from the agent's first upload until the warehouse has
+   every episode in a terminal state,
+4. the naive approach on a few of the same episodes: download, decode every frame, re-encode
+   with libx264 (default preset), upload; as many processes as cores; scaled per video-hour.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from services.agent.runner import Progress as AgentProgress
+from services.agent.runner import make_agent
+from services.common.objectstore import object_store
+from services.common.settings import Settings
+from services.demo.run import count_cataloged
+from services.media.av_io import transcode_full
+from services.metadata.warehouse import make_engine
+from services.stack.fleet import Fleet
+from services.synth.writer import plan_episodes, write_episode, write_from_templates
+
+WEEK_S = 7 * 24 * 3600
+
+
+def copy_through_store(settings: Settings, files: list[Path]) -> float:
+    """Seconds to PUT and then GET every file through the object store (3 threads)."""
+    store = object_store(settings)
+    prefix = f"bench/copy/{uuid.uuid4().hex}"
+
+    def one(i: int, path: Path) -> None:
+        key = f"{prefix}/{i}"
+        store.put_file(key, path)
+        store.get_bytes(key)
+
+    started = time.perf_counter()
+    with ThreadPoolExecutor(3) as pool:
+        list(pool.map(one, range(len(files)), files))
+    elapsed = time.perf_counter() - started
+    for key in store.list_keys(prefix):
+        store.delete(key)
+    return elapsed
+
+
+def _naive_one(settings: Settings, video: Path) -> None:
+    store = object_store(settings)
+    with tempfile.TemporaryDirectory(prefix="egoline-naive-") as tmp:
+        raw = Path(tmp) / "raw.mp4"
+        key = f"bench/naive/{uuid.uuid4().hex}"
+        store.put_file(key, video)
+        store.download(key, raw)
+        out = Path(tmp) / "out.mp4"
+        transcode_full(raw, out)
+        store.put_file(f"{key}.transcoded.mp4", out)
+        store.delete(key)
+        store.delete(f"{key}.transcoded.mp4")
+
+
+def naive_seconds(settings: Settings, videos: list[Path]) -> float:
+    started = time.perf_counter()
+    with ProcessPoolExecutor(os.cpu_count() or 1) as pool:
+        list(pool.map(_naive_one, [settings] * len(videos), videos))
+    return time.perf_counter() - started
+
+
+def scrape(port: int) -> dict[str, float]:
+    """Sum of each sample name on a process's /metrics (labels folded)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    totals: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            totals[sample.name] = totals.get(sample.name, 0.0) + float(sample.value)
+    return totals
+
+
+def _duration_s(directory: Path) -> float:
+    meta = json.loads((directory / "episode.json").read_text())
+    return float(meta["frames"]) / float(meta["fps"])
+
+
+def bench_ingest(
+    settings: Settings,
+    episodes: int,
+    naive_episodes: int,
+    seed: int,
+    duration_s: tuple[float, float],
+    size: tuple[int, int],
+    log: Callable[[str], None],
+    timeout_s: float = 3600.0,
+) -> dict[str, Any]:
+    work = settings.stack_dir / "bench-ingest"
+    engine = make_engine(settings)
+    if seed < 0:  # a fresh set of episode ids each run (templates are cached, remuxes cheap)
+        seed = int(time.time()) % 9000 + 1000
+    specs = plan_episodes(
+        episodes, seed=seed, duration_s=duration_s, width=size[0], height=size[1], devices=8
+    )
+    started = time.perf_counter()
+    if count_cataloged(engine, [s.episode_id for s in specs]):
+        raise RuntimeError(f"seed {seed}: these episodes are already in the warehouse")
+    shutil.rmtree(work / "episodes", ignore_errors=True)
+    dirs = write_from_templates(specs, work / "episodes", templates=3)
+    # templates live in work/episodes/.templates: keep them across runs
+
+    log(f"synthesised {len(dirs)} episodes in {time.perf_counter() - started:.0f}s")
+    video_s = sum(_duration_s(d) for d in dirs)
+    files = [f for d in dirs for f in (d / "video.mp4", d / "imu.npy")]
+    raw_bytes = sum(f.stat().st_size for f in files)
+    log(f"{video_s / 3600:.2f} video-hours, {raw_bytes / 1e9:.2f} GB; measuring a plain copy")
+    copy_s = copy_through_store(settings, files)
+    log(f"copy: {copy_s:.1f}s")
+
+    ids = [s.episode_id for s in specs]
+    fleet = Fleet(work / "logs", env={"EGOLINE_START_JITTER_S": "0"})
+    shutil.rmtree(work / "agent", ignore_errors=True)
+    agent = make_agent(
+        settings.model_copy(update={"agent_state_dir": work / "agent"}),
+        object_store(settings),
+        AgentProgress(),
+    )
+    fleet.start_all()
+    try:
+        fleet.wait_ready()
+        warm = plan_episodes(1, seed=seed + 10_000, duration_s=(4.0, 4.0))
+        warm_dir = write_episode(warm[0], work / "warmup")
+        agent.run_once([warm_dir], 60.0)
+        deadline = time.monotonic() + 120
+        while count_cataloged(engine, [warm[0].episode_id]) < 1:
+            if time.monotonic() > deadline or fleet.dead():
+                raise RuntimeError(f"warm-up episode not cataloged; see {work / 'logs'}")
+            time.sleep(0.5)
+        before = {name: scrape(port) for name, port in fleet.metrics_ports.items()}
+        log("pipeline: uploading and processing")
+        started = time.perf_counter()
+        agent.run_once(dirs, 120.0)
+        uploaded_s = time.perf_counter() - started
+        deadline = time.monotonic() + timeout_s
+        done = 0
+        while done < len(ids):
+            if time.monotonic() > deadline or fleet.dead():
+                raise RuntimeError(f"{done}/{len(ids)} cataloged; see {work / 'logs'}")
+            time.sleep(1.0)
+            done = count_cataloged(engine, ids)
+        wall_s = time.perf_counter() - started
+        after = {name: scrape(port) for name, port in fleet.metrics_ports.items()}
+    finally:
+        fleet.stop()
+        engine.dispose()
+    log(f"pipeline: {wall_s:.1f}s (agent upload {uploaded_s:.1f}s)")
+
+    def delta(metric: str, process: str) -> float:
+        return after[process].get(metric, 0.0) - before[process].get(metric, 0.0)
+
+    bytes_read = sum(delta("egoline_stage_object_bytes_read_total", p) for p in after)
+    makespan = {
+        p.split("-")[0]: round(
+            delta("egoline_stage_batch_makespan_ratio_sum", p)
+            / max(1.0, delta("egoline_stage_batch_makespan_ratio_count", p)),
+            3,
+        )
+        for p in after
+        if delta("egoline_stage_batch_makespan_ratio_count", p) > 0
+    }
+
+    naive_dirs = sorted(dirs, key=_duration_s)[:naive_episodes]
+    naive_video_s = sum(_duration_s(d) for d in naive_dirs)
+    log(f"naive: full decode + re-encode of {len(naive_dirs)} episodes ({naive_video_s:.0f}s)")
+    naive_s = naive_seconds(settings, [d / "video.mp4" for d in naive_dirs])
+    hours = video_s / 3600
+    per_week = hours / wall_s * WEEK_S
+    naive_per_week = naive_video_s / 3600 / naive_s * WEEK_S
+    return {
+        "episodes": len(dirs),
+        "video_hours": round(hours, 3),
+        "raw_gb": round(raw_bytes / 1e9, 3),
+        "resolution": f"{size[0]}x{size[1]}",
+        "wall_s": round(wall_s, 1),
+        "episode_hours_per_week": round(per_week),
+        "naive_episode_hours_per_week": round(naive_per_week),
+        "speedup_vs_naive": round(per_week / naive_per_week, 1),
+        "copy_s": round(copy_s, 1),
+        "copy_limit_ratio": round(copy_s / wall_s, 3),
+        "bytes_read_per_byte": round(bytes_read / raw_bytes, 3),
+        "makespan_ratio": makespan,
+        "naive_episodes": len(naive_dirs),
+        "seed": seed,
+        "stage_workers": settings.stage_workers,
+        "cores": os.cpu_count(),
+    }
