@@ -11,6 +11,7 @@ import shutil
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import partial
@@ -50,16 +51,15 @@ class Agent:
     producer: Producer
     progress: Progress = field(default_factory=Progress)
     _inflight: set[str] = field(default_factory=set)
+    _outbox_lock: threading.Lock = field(default_factory=threading.Lock)
 
-    @property
-    def limiter(self) -> TokenBucket | None:
+    limiter: TokenBucket | None = None
+
+    def __post_init__(self) -> None:
         rate = self.settings.agent_bandwidth_mb_s
-        if rate is None:
-            return None
-        if not hasattr(self, "_limiter"):
+        if rate is not None:  # one bucket shared by every upload thread
             part = self.settings.agent_part_size_mb * 1024 * 1024
-            self._limiter = TokenBucket(rate * 1024 * 1024, burst=part)
-        return self._limiter
+            self.limiter = TokenBucket(rate * 1024 * 1024, burst=part)
 
     # --- queueing ------------------------------------------------------------------------
     def enqueue(self, directories: list[Path]) -> int:
@@ -80,10 +80,19 @@ class Agent:
 
     # --- uploading -----------------------------------------------------------------------
     def process_due(self, stop: threading.Event | None = None) -> None:
-        for row in self.journal.due(time.time()):
-            if stop is not None and stop.is_set():
-                return
-            self._process(row.queue_id, Path(row.directory))
+        """Upload every due episode, `agent_upload_concurrency` at a time (small files gain
+        from parallel episodes, large ones from parallel parts); each event is handed to the
+        producer as soon as its episode is complete."""
+        rows = self.journal.due(time.time())
+        with ThreadPoolExecutor(self.settings.agent_upload_concurrency) as pool:
+            futures = []
+            for row in rows:
+                if stop is not None and stop.is_set():
+                    break
+                futures.append(pool.submit(self._process, row.queue_id, Path(row.directory)))
+            for future in futures:
+                future.result()
+                self.publish(timeout_s=0)
 
     def _process(self, queue_id: str, directory: Path) -> None:
         self.journal.set_state(queue_id, "uploading")
@@ -134,6 +143,14 @@ class Agent:
         An event stays in the outbox until Kafka acknowledges it; one already handed to the
         producer is not handed over again (the idempotent producer retries it itself).
         """
+        with self._outbox_lock:
+            self._produce_pending()
+        deadline = time.monotonic() + timeout_s
+        self.producer.poll(0)
+        while self._inflight and time.monotonic() < deadline:
+            self.producer.poll(min(0.5, max(0.0, deadline - time.monotonic())))
+
+    def _produce_pending(self) -> None:
         for row in self.journal.episodes(("uploaded",)):
             if row.queue_id in self._inflight or row.event_json is None:
                 continue
@@ -146,9 +163,6 @@ class Agent:
                 headers={"event_id": event.event_id, "content-type": "application/json"},
                 on_delivery=partial(self._on_delivery, row.queue_id),
             )
-        deadline = time.monotonic() + timeout_s
-        while self._inflight and time.monotonic() < deadline:
-            self.producer.poll(min(0.5, max(0.0, deadline - time.monotonic())))
 
     def _on_delivery(self, queue_id: str, err: Any, _msg: Any) -> None:
         self._inflight.discard(queue_id)

@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from faststream.confluent import KafkaBroker
@@ -34,6 +35,7 @@ from pydantic import BaseModel
 from schemas.events import ReasonCode, dlq_topic
 from services.common import metrics
 from services.common.objectstore import ObjectStore, object_store
+from services.common.rawcache import RawCache, fetch_raw
 from services.common.scheduling import Ramp, lpt_assign, makespan_ratio
 from services.common.settings import Settings
 from services.common.stage import PermanentError, dlq_record, is_transient, publish_event
@@ -43,12 +45,20 @@ J = TypeVar("J")
 R = TypeVar("R")
 
 _WORKER_STORE: ObjectStore | None = None
+_WORKER_CACHE: RawCache | None = None
 
 
 def init_worker(settings: Settings) -> None:
-    """Per worker process: one object store client, reused for every job."""
-    global _WORKER_STORE
+    """Per worker process: one object store client (and raw cache), reused for every job."""
+    global _WORKER_STORE, _WORKER_CACHE
     _WORKER_STORE = object_store(settings)
+    if settings.raw_cache_dir is not None:
+        _WORKER_CACHE = RawCache(settings.raw_cache_dir, settings.raw_cache_mb * 1024 * 1024)
+
+
+def worker_fetch_raw(key: str, dest: Path) -> None:
+    """Materialise a raw object locally, through the node-local cache when configured."""
+    fetch_raw(worker_store(), _WORKER_CACHE, key, dest)
 
 
 def worker_store() -> ObjectStore:
@@ -182,8 +192,11 @@ class BatchStage(Generic[J, R]):
                 await msg.nack()
                 await asyncio.sleep(delay)
                 return
-            for out_topic, event, out_key in outputs:
-                await publish_event(self.broker, out_topic, event, key=out_key)
+            # All produced at once (in order: the idempotent producer keeps per-partition order),
+            # then awaited together: one round trip per batch, not one per event.
+            await asyncio.gather(
+                *(publish_event(self.broker, t, event, key=k) for t, event, k in outputs)
+            )
         for i, (topic, partition, offset, key, value) in enumerate(records):
             if i not in failures:
                 continue

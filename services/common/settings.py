@@ -80,9 +80,13 @@ class Settings(BaseSettings):
     metrics_host: str = "127.0.0.1"
     start_jitter_s: float = Field(default=1.0, ge=0, description="staggered start: max delay")
     stage_workers: int = Field(default=2, ge=1, le=64, description="worker processes per stage")
-    batch_max_records: int = Field(default=16, ge=1, le=10_000)
+    batch_max_records: int = Field(default=32, ge=1, le=10_000)
     batch_wait_s: float = Field(default=1.0, gt=0, description="how long to fill a batch")
     spool_dir: Path | None = Field(default=None, description="shard stage scratch (default: tmp)")
+    raw_cache_dir: Path | None = Field(
+        default=None, description="node-local cache of raw objects shared by the stages"
+    )
+    raw_cache_mb: int = Field(default=8192, ge=1)
 
     # --- device upload agent --------------------------------------------------------------
     agent_state_dir: Path = Field(default=Path(".stack/agent"), description="journal location")

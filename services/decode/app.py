@@ -7,7 +7,7 @@ worker processes (`services.common.batch`).
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -23,7 +23,7 @@ from schemas.events import (
     EpisodeUploaded,
     ReasonCode,
 )
-from services.common.batch import BatchStage, worker_store
+from services.common.batch import BatchStage, worker_fetch_raw, worker_store
 from services.common.files import npy_shape, sha256_file
 from services.common.objectstore import ObjectStore
 from services.common.settings import Settings
@@ -41,7 +41,10 @@ class DecodeJob:
 
 
 def decode_episode(
-    store: ObjectStore, uploaded: EpisodeUploaded, pipeline_version: str
+    store: ObjectStore,
+    uploaded: EpisodeUploaded,
+    pipeline_version: str,
+    fetch: Callable[[str, Path], None] | None = None,
 ) -> EpisodeDecoded:
     """Fetch the raw files, probe by demuxing, and build the decoded event (blocking I/O)."""
     episode = uploaded.episode
@@ -51,7 +54,7 @@ def decode_episode(
             raise PermanentError(
                 ReasonCode.OBJECT_MISSING, f"raw object {episode.video.key} does not exist"
             )
-        store.download(episode.video.key, video)
+        (fetch or (lambda key, dest: store.download(key, dest)))(episode.video.key, video)
         observed = sha256_file(video)
         try:
             probe = probe_container(video)
@@ -75,7 +78,7 @@ def decode_episode(
 
 def run_decode(job: DecodeJob) -> EpisodeDecoded:
     """Worker-process entry point."""
-    return decode_episode(worker_store(), job.uploaded, job.pipeline_version)
+    return decode_episode(worker_store(), job.uploaded, job.pipeline_version, worker_fetch_raw)
 
 
 def build_stage(settings: Settings, broker: object) -> BatchStage[DecodeJob, EpisodeDecoded]:

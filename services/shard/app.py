@@ -17,7 +17,7 @@ import json
 import shutil
 import tempfile
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -38,7 +38,7 @@ from schemas.events import (
     Verdict,
     derive_event_id,
 )
-from services.common.batch import BatchStage, worker_store
+from services.common.batch import BatchStage, worker_fetch_raw, worker_store
 from services.common.objectstore import ObjectStore
 from services.common.settings import Settings
 from services.common.stage import PermanentError, make_broker, parse_event, subscriber_options
@@ -86,7 +86,9 @@ class CutEpisode:
     done_events: list[str] = field(default_factory=list)  # set when already sharded
 
 
-def cut_episode(store: ObjectStore, job: ShardJob) -> CutEpisode:
+def cut_episode(
+    store: ObjectStore, job: ShardJob, fetch: Callable[[str, Path], None] | None = None
+) -> CutEpisode:
     """Remux one accepted episode into clip files in the spool (blocking I/O)."""
     validated = job.validated
     decoded = validated.decoded
@@ -101,7 +103,7 @@ def cut_episode(store: ObjectStore, job: ShardJob) -> CutEpisode:
     spool = Path(job.spool_dir) / f"{episode.episode_id}-{uuid.uuid4().hex[:8]}"
     spool.mkdir(parents=True)
     video = spool / "source"
-    store.download(episode.video.key, video)
+    (fetch or (lambda key, dest: store.download(key, dest)))(episode.video.key, video)
     imu: np.ndarray | None = None
     if episode.imu is not None:
         store.download(episode.imu.key, spool / "imu.npy")
@@ -152,7 +154,7 @@ def cut_episode(store: ObjectStore, job: ShardJob) -> CutEpisode:
 
 def run_cut(job: ShardJob) -> CutEpisode:
     """Worker-process entry point."""
-    return cut_episode(worker_store(), job)
+    return cut_episode(worker_store(), job, worker_fetch_raw)
 
 
 def _clip_record(clip: SpooledClip, spans: dict[str, tuple[int, int]]) -> ClipRecord:

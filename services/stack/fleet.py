@@ -41,6 +41,10 @@ class Fleet:
                     **os.environ,
                     **self.env,
                     "EGOLINE_METRICS_PORT": str(self.metrics_ports[name]),
+                    # processes of one fleet share a node: share raw objects on local disk too
+                    "EGOLINE_RAW_CACHE_DIR": os.environ.get(
+                        "EGOLINE_RAW_CACHE_DIR", str(self.log_dir.parent / "raw-cache")
+                    ),
                 },
                 start_new_session=True,
             )

@@ -6,7 +6,7 @@ Batches are bin-packed by episode duration (decode work scales with it) onto wor
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -22,8 +22,7 @@ from schemas.events import (
     EpisodeValidated,
     derive_event_id,
 )
-from services.common.batch import BatchStage, worker_store
-from services.common.objectstore import ObjectStore
+from services.common.batch import BatchStage, worker_fetch_raw
 from services.common.settings import Settings
 from services.common.stage import make_broker, parse_event, subscriber_options
 from services.media.av_io import decode_keyframes
@@ -38,20 +37,22 @@ class ValidateJob:
     rules: RuleSet
 
 
-def check_keyframes(store: ObjectStore, decoded: EpisodeDecoded, full: bool) -> KeyframeResult:
+def check_keyframes(
+    fetch: Callable[[str, Path], None], decoded: EpisodeDecoded, full: bool
+) -> KeyframeResult:
     """Decode the primary stream's keyframes (every frame when `full`): blocking I/O."""
     with tempfile.TemporaryDirectory(prefix="egoline-validate-") as tmp:
         video = Path(tmp) / "video"
-        store.download(decoded.episode.video.key, video)
+        fetch(decoded.episode.video.key, video)
         stream = decoded.streams[decoded.primary_stream]
         check = decode_keyframes(video, stream.index, full=full)
     return KeyframeResult(decoded=check.decoded, failed=check.failed, first_error=check.first_error)
 
 
 def validate_episode(
-    store: ObjectStore, decoded: EpisodeDecoded, rules: RuleSet
+    fetch: Callable[[str, Path], None], decoded: EpisodeDecoded, rules: RuleSet
 ) -> EpisodeValidated:
-    keyframes = check_keyframes(store, decoded, rules.full_decode)
+    keyframes = check_keyframes(fetch, decoded, rules.full_decode)
     verdict, reasons, warnings = evaluate(decoded, keyframes, rules)
     return EpisodeValidated(
         event_id=derive_event_id("validated", decoded.event_id, decoded.pipeline_version),
@@ -66,7 +67,7 @@ def validate_episode(
 
 def run_validate(job: ValidateJob) -> EpisodeValidated:
     """Worker-process entry point."""
-    return validate_episode(worker_store(), job.decoded, job.rules)
+    return validate_episode(worker_fetch_raw, job.decoded, job.rules)
 
 
 def build_stage(
