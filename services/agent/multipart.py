@@ -66,6 +66,20 @@ def upload_file(
         journal.complete_upload(key, queue_id, local.size_bytes)
         on_bytes(local.size_bytes)
         return
+    if local.size_bytes <= part_size and len(local.paths) == 1:
+        # One part's worth: a single PUT (atomic on S3), nothing to resume, no assembly step.
+        if limiter is not None:
+            limiter.acquire(local.size_bytes)
+        with_retries(lambda: store.put_file(key, local.paths[0]), retry_max_s)
+        if local.changed():
+            with_retries(lambda: store.delete(key), retry_max_s)
+            raise AgentInputError(f"{local.paths[0].name} changed while being uploaded")
+        info = with_retries(lambda: store.stat(key), retry_max_s)
+        if info is None or info.size != local.size_bytes:
+            raise UploadVerificationError(f"{key}: size {info and info.size} != {local.size_bytes}")
+        journal.complete_upload(key, queue_id, local.size_bytes)
+        on_bytes(local.size_bytes)
+        return
     upload_id: str | None = None
     acked: dict[int, str] = {}
     if known is not None and known[0] is not None and known[1] == part_size:

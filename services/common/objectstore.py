@@ -44,11 +44,23 @@ class ObjectStore:
                     raise
 
     def put_file(
-        self, key: str, path: Path, content_type: str = "application/octet-stream"
+        self,
+        key: str,
+        path: Path,
+        content_type: str = "application/octet-stream",
+        single_put_max: int = 0,
     ) -> None:
-        """Upload a file; large files go as multipart uploads of `part_size` bytes."""
+        """Upload a file; files over `part_size` go as multipart uploads of `part_size`
+        bytes, unless they fit in `single_put_max` (S3 allows single PUTs up to 5 GiB, and a
+        single PUT skips the store's part-assembly step)."""
+        size = path.stat().st_size
+        single = 0 < size <= min(single_put_max, 5 << 30)
         self.client.fput_object(
-            self.bucket, key, str(path), content_type=content_type, part_size=self.part_size
+            self.bucket,
+            key,
+            str(path),
+            content_type=content_type,
+            part_size=max(size, 5 << 20) if single else self.part_size,
         )
 
     def put_bytes(

@@ -204,7 +204,7 @@ def write_shard(
     records = [_clip_record(clip, by_name) for clip in clips]
     if not store.exists(shard_key):
         tmp_key = f"tmp/shards/{sha}.{uuid.uuid4().hex}.tar"
-        store.put_file(tmp_key, path, content_type="application/x-tar")
+        store.put_file(tmp_key, path, "application/x-tar", single_put_max=size)
         store.copy(tmp_key, shard_key)
         store.delete(tmp_key)
     path.unlink()
