@@ -1,6 +1,6 @@
 """Batched stages: a batch of records -> jobs bin-packed onto worker processes -> outputs.
 
-The same delivery rules as `stage.Consume`, per batch: outputs (and dead letters) are published
+The delivery rules of `stage`, per batch: outputs (and dead letters) are published
 and acknowledged by the broker, in record order, before the batch's offsets are committed; a
 transient failure anywhere rewinds the whole batch (every effect is idempotent, so redoing the
 records that had succeeded is harmless).

@@ -1,10 +1,11 @@
-"""The consume protocol every stage shares: at-least-once, idempotent, dead-letter with a reason.
+"""The pieces of the consume protocol every stage shares (the batch loop is `batch.py`):
+error kinds, event parsing, the DLQ envelope, the broker factory and subscriber options.
 
-For each record: run the stage's work; on success publish its output (awaiting the broker's
-acknowledgement) and only then commit the offset. A `PermanentError` (bad input) goes to
-`<topic>.dlq` with its reason code and the original record, then the offset is committed so the
-consumer moves on. Anything transient (object store or broker unreachable) rewinds the
-partition to the record and retries it with exponential backoff and jitter: nothing is skipped.
+At-least-once, idempotent, dead-letter with a reason: a stage publishes its output (awaiting
+the broker's acknowledgement) and only then commits the offset. A `PermanentError` (bad input)
+goes to `<topic>.dlq` with its reason code and the original record, then the offset is
+committed so the consumer moves on. Anything transient (object store, broker or warehouse
+unreachable) rewinds the partition and retries with exponential backoff and jitter.
 
 faststream runs with `AckPolicy.MANUAL` because its other policies either commit before the work
 (ACK_FIRST) or commit past failures (faststream issue #2618).
@@ -12,24 +13,20 @@ faststream runs with `AckPolicy.MANUAL` because its other policies either commit
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 import logging
-import random
-from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from confluent_kafka import KafkaException
 from faststream.confluent import KafkaBroker
-from faststream.confluent.annotations import KafkaMessage
 from faststream.middlewares import AckPolicy
 from minio.error import MinioException, S3Error
 from pydantic import BaseModel, ValidationError
 from urllib3.exceptions import HTTPError
 
-from schemas.events import DlqRecord, ReasonCode, derive_event_id, dlq_topic
+from schemas.events import DlqRecord, ReasonCode, derive_event_id
 from services.common.kafka import client_config
 from services.common.settings import Settings
 
@@ -156,72 +153,3 @@ def dlq_record(
         original_value=original,
         original_encoding=encoding,
     )
-
-
-class Consume:
-    """Runs the consume protocol around a stage's work function."""
-
-    def __init__(
-        self,
-        broker: KafkaBroker,
-        stage: str,
-        max_backoff_s: float = 30.0,
-        dlq_for: Callable[[str], str] = dlq_topic,
-    ) -> None:
-        self.broker = broker
-        self.dlq_for = dlq_for
-        self.stage = stage
-        self.max_backoff_s = max_backoff_s
-        self._attempts: dict[tuple[str, int, int], int] = {}
-        self.on_result: Callable[[str, str], None] = lambda _stage, _outcome: None
-
-    async def __call__(
-        self, msg: KafkaMessage, work: Callable[[str, bytes], Awaitable[None]]
-    ) -> None:
-        raw = msg.raw_message
-        assert not isinstance(raw, tuple)
-        topic, partition, offset = (
-            str(raw.topic()),
-            int(raw.partition() or 0),
-            int(raw.offset() or 0),
-        )
-        where = (topic, partition, offset)
-        body = raw.value() or b""
-        try:
-            await work(topic, body)
-        except PermanentError as exc:
-            log.warning("%s: %s[%d]@%d -> DLQ %s", self.stage, topic, partition, offset, exc)
-            record = dlq_record(self.stage, topic, partition, offset, raw.key(), body, exc)
-            await publish_event(self.broker, self.dlq_for(topic), record, key=record.event_id)
-            self.on_result(self.stage, f"dlq:{exc.code.value}")
-        except Exception as exc:
-            if not is_transient(exc):
-                # A bug or an input we did not foresee: dead-letter it rather than block the
-                # partition forever; the reason keeps the exception for the post-mortem.
-                log.exception(
-                    "%s: unexpected error on %s[%d]@%d", self.stage, topic, partition, offset
-                )
-                wrapped = PermanentError(ReasonCode.INTERNAL_ERROR, f"{type(exc).__name__}: {exc}")
-                record = dlq_record(self.stage, topic, partition, offset, raw.key(), body, wrapped)
-                await publish_event(self.broker, self.dlq_for(topic), record, key=record.event_id)
-                self.on_result(self.stage, "dlq:internal_error")
-            else:
-                attempt = self._attempts.get(where, 0) + 1
-                self._attempts[where] = attempt
-                delay = min(self.max_backoff_s, 0.5 * 2 ** (attempt - 1)) * random.uniform(0.5, 1.0)
-                log.warning(
-                    "%s: transient failure on %s[%d]@%d (attempt %d, retry in %.1fs): %s",
-                    self.stage,
-                    topic,
-                    partition,
-                    offset,
-                    attempt,
-                    delay,
-                    exc,
-                )
-                await msg.nack()
-                await asyncio.sleep(delay)
-                return
-        self._attempts.pop(where, None)
-        await msg.ack()
-        self.on_result(self.stage, "ok")

@@ -1,34 +1,40 @@
 """The metadata service: every stage topic and DLQ -> idempotent upserts in the warehouse.
 
-The offset is committed only after the database transaction commits; a crash in between
-replays the record, and the upserts (plus the processed-event ledger) make that harmless.
+Records arrive in batches; a batch is one transaction with a savepoint per record, and its
+offsets are committed only after the transaction commits; a crash in between replays the batch,
+and the upserts (plus the processed-event ledger) make that harmless.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import random
 
 from faststream import FastStream
 from faststream.confluent.annotations import KafkaMessage
 from pydantic import ValidationError
-from sqlalchemy import Engine
+from sqlalchemy import Engine, Executable
 from sqlalchemy.dialects.postgresql import insert
-from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, OperationalError
 
 from schemas.events import DLQ_TOPICS, STAGE_TOPICS, TOPIC_METADATA_DLQ, ReasonCode, dlq_topic
+from services.common import metrics
 from services.common.settings import Settings
 from services.common.stage import (
-    Consume,
     PermanentError,
     TransientError,
+    dlq_record,
     make_broker,
+    publish_event,
     subscriber_options,
 )
 from services.metadata.core import statements_for
 from services.metadata.warehouse import make_engine, processed_events
 
 GROUP = "egoline-metadata"
+log = logging.getLogger("egoline.metadata")
 
 
 def metadata_dlq_for(topic: str) -> str:
@@ -36,47 +42,83 @@ def metadata_dlq_for(topic: str) -> str:
     return TOPIC_METADATA_DLQ if topic.endswith(".dlq") else dlq_topic(topic)
 
 
-def apply_record(engine: Engine, topic: str, body: bytes, settings: Settings) -> bool:
-    """Apply one record in one transaction; returns False when it was applied before."""
-    try:
-        statements = statements_for(topic, body, settings.split_key, settings.eval_fraction)
-        event_id = str(json.loads(body)["event_id"])
-    except (ValidationError, ValueError, KeyError, TypeError) as exc:
-        raise PermanentError(ReasonCode.MALFORMED_EVENT, str(exc)[:2000]) from exc
+def apply_batch(
+    engine: Engine, records: list[tuple[str, bytes]], settings: Settings
+) -> dict[int, PermanentError]:
+    """Apply a batch of records in one transaction (a savepoint each); returns the records
+    that could not be applied, by index, with the reason. A record seen before (by event id)
+    is skipped. Raises TransientError when the warehouse is unreachable."""
+    failures: dict[int, PermanentError] = {}
+    parsed: list[tuple[int, str, str, list[Executable]]] = []
+    for i, (topic, body) in enumerate(records):
+        try:
+            statements = statements_for(topic, body, settings.split_key, settings.eval_fraction)
+            parsed.append((i, topic, str(json.loads(body)["event_id"]), statements))
+        except (ValidationError, ValueError, KeyError, TypeError) as exc:
+            failures[i] = PermanentError(ReasonCode.MALFORMED_EVENT, str(exc)[:2000])
     try:
         with engine.begin() as conn:
-            first_time = conn.execute(
-                insert(processed_events)
-                .values(event_id=event_id, topic=topic)
-                .on_conflict_do_nothing()
-                .returning(processed_events.c.event_id)
-            ).first()
-            if first_time is None:
-                return False
-            for statement in statements:
-                conn.execute(statement)
+            for i, topic, event_id, statements in parsed:
+                savepoint = conn.begin_nested()
+                try:
+                    first_time = conn.execute(
+                        insert(processed_events)
+                        .values(event_id=event_id, topic=topic)
+                        .on_conflict_do_nothing()
+                        .returning(processed_events.c.event_id)
+                    ).first()
+                    if first_time is not None:
+                        for statement in statements:
+                            conn.execute(statement)
+                    savepoint.commit()
+                except (IntegrityError, DataError) as exc:
+                    savepoint.rollback()
+                    failures[i] = PermanentError(ReasonCode.INTERNAL_ERROR, str(exc)[:2000])
     except OperationalError as exc:
         raise TransientError(f"warehouse unavailable: {exc}") from exc
     except DBAPIError as exc:
         if exc.connection_invalidated:
             raise TransientError(f"warehouse connection lost: {exc}") from exc
         raise
-    return True
+    return failures
 
 
 def build_app(settings: Settings) -> FastStream:
     broker = make_broker(settings, "metadata")
     engine = make_engine(settings)
-    consume = Consume(broker, "metadata", dlq_for=metadata_dlq_for)
 
     @broker.subscriber(
-        *STAGE_TOPICS, *DLQ_TOPICS, title="metadata", **subscriber_options(settings, GROUP)
+        *STAGE_TOPICS,
+        *DLQ_TOPICS,
+        title="metadata",
+        **subscriber_options(settings, GROUP, batch=True),
     )
-    async def on_record(msg: KafkaMessage) -> None:
-        async def work(topic: str, body: bytes) -> None:
-            await asyncio.to_thread(apply_record, engine, topic, body, settings)
-
-        await consume(msg, work)
+    async def on_records(msg: KafkaMessage) -> None:
+        raw = msg.raw_message if isinstance(msg.raw_message, tuple) else (msg.raw_message,)
+        records = [(str(r.topic()), r.value() or b"") for r in raw]
+        try:
+            failures = await asyncio.to_thread(apply_batch, engine, records, settings)
+        except TransientError as exc:
+            log.warning("metadata: batch rewound, retrying: %s", exc)
+            await msg.nack()
+            await asyncio.sleep(random.uniform(1.0, 3.0))
+            return
+        for i, error in failures.items():
+            r = raw[i]
+            topic = str(r.topic())
+            record = dlq_record(
+                "metadata",
+                topic,
+                int(r.partition() or 0),
+                int(r.offset() or 0),
+                r.key(),
+                r.value() or b"",
+                error,
+            )
+            await publish_event(broker, metadata_dlq_for(topic), record, key=record.event_id)
+        await msg.ack()
+        metrics.RECORDS.labels("metadata", "ok").inc(len(records) - len(failures))
+        metrics.RECORDS.labels("metadata", "dead_lettered").inc(len(failures))
 
     app = FastStream(broker)
     app.after_shutdown(engine.dispose)
