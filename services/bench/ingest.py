@@ -24,6 +24,7 @@ from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
 from services.agent.runner import Progress as AgentProgress
@@ -34,6 +35,7 @@ from services.demo.run import count_cataloged
 from services.media.av_io import transcode_full
 from services.metadata.warehouse import make_engine
 from services.stack.fleet import Fleet
+from services.stack.launcher import Stack
 from services.synth.writer import plan_episodes, write_episode, write_from_templates
 
 WEEK_S = 7 * 24 * 3600
@@ -87,6 +89,19 @@ def scrape(port: int) -> dict[str, float]:
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             totals[sample.name] = totals.get(sample.name, 0.0) + float(sample.value)
+    return totals
+
+
+def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
+    """User+system CPU seconds of each process and its children (workers), by name."""
+    totals: dict[str, float] = {}
+    for name, pid in pids.items():
+        try:
+            proc = psutil.Process(pid)
+            procs = [proc, *proc.children(recursive=True)]
+            totals[name] = sum(p.cpu_times().user + p.cpu_times().system for p in procs)
+        except psutil.Error:
+            totals[name] = 0.0
     return totals
 
 
@@ -147,6 +162,14 @@ def bench_ingest(
                 raise RuntimeError(f"warm-up episode not cataloged; see {work / 'logs'}")
             time.sleep(0.5)
         before = {name: scrape(port) for name, port in fleet.metrics_ports.items()}
+        pids = {name: proc.pid for name, proc in fleet.procs.items()}
+        pids |= {
+            name: state.pid
+            for name, state in Stack(settings.stack_dir).read_state().items()
+            if state.pid is not None
+        }
+        pids["bench+agent"] = os.getpid()
+        cpu_before = cpu_seconds(pids)
         log("pipeline: uploading and processing")
         started = time.perf_counter()
         agent.run_once(dirs, 120.0)
@@ -160,6 +183,7 @@ def bench_ingest(
             done = count_cataloged(engine, ids)
         wall_s = time.perf_counter() - started
         after = {name: scrape(port) for name, port in fleet.metrics_ports.items()}
+        cpu_after = cpu_seconds(pids)
     finally:
         fleet.stop()
         engine.dispose()
@@ -199,6 +223,7 @@ def bench_ingest(
         "copy_limit_ratio": round(copy_s / wall_s, 3),
         "bytes_read_per_byte": round(bytes_read / raw_bytes, 3),
         "makespan_ratio": makespan,
+        "cpu_s": {n: round(cpu_after[n] - cpu_before.get(n, 0.0), 1) for n in cpu_after},
         "naive_episodes": len(naive_dirs),
         "seed": seed,
         "stage_workers": settings.stage_workers,
