@@ -93,12 +93,14 @@ def scrape(port: int) -> dict[str, float]:
 
 
 def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
-    """User+system CPU seconds of each process and its children (workers), by name."""
+    """User+system CPU seconds of each process and its children (workers), by name; this
+    process (the bench and its in-process agent) without its children (the fleet)."""
     totals: dict[str, float] = {}
     for name, pid in pids.items():
         try:
             proc = psutil.Process(pid)
-            procs = [proc, *proc.children(recursive=True)]
+            children = [] if pid == os.getpid() else proc.children(recursive=True)
+            procs = [proc, *children]
             totals[name] = sum(p.cpu_times().user + p.cpu_times().system for p in procs)
         except psutil.Error:
             totals[name] = 0.0
