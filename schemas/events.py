@@ -139,6 +139,11 @@ class EpisodeDecoded(Event):
         description="seconds from the primary stream's first pts to each of its keyframes"
     )
     observed_sha256: Sha256 = Field(description="sha256 of the video bytes decode read")
+    packet_index_key: ObjectKey | None = Field(
+        default=None,
+        description="object key of the primary stream's packet index (.npy structured array: "
+        "pts, dts, pos, size, keyframe), kept out of the event because it is large",
+    )
     imu_rows: int | None = Field(default=None, ge=0)
     imu_cols: int | None = Field(default=None, ge=0)
     imu_error: str | None = Field(default=None, max_length=2000)

@@ -6,12 +6,14 @@ worker processes (`services.common.batch`).
 
 from __future__ import annotations
 
+import io
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+import numpy as np
 from faststream import FastStream
 from faststream.confluent.annotations import KafkaMessage
 from pydantic import BaseModel
@@ -28,7 +30,7 @@ from services.common.files import npy_shape, sha256_file
 from services.common.objectstore import ObjectStore
 from services.common.settings import Settings
 from services.common.stage import PermanentError, make_broker, parse_event, subscriber_options
-from services.decode.core import classify_unreadable, decoded_event
+from services.decode.core import classify_unreadable, decoded_event, packet_index_key
 from services.media.av_io import ProbeError, probe_container
 
 GROUP = "egoline-decode"
@@ -71,8 +73,21 @@ def decode_episode(
                 imu_shape = npy_shape(imu)
             except (ValueError, OSError) as exc:
                 imu_error = str(exc)[:2000]
+        # The per-packet index is large (one row per frame): it goes to the object store and
+        # the event carries its key; the keyframe times the shard stage needs stay inline.
+        index_key = packet_index_key(pipeline_version, episode.episode_id, observed)
+        buffer = io.BytesIO()
+        np.save(buffer, probe.streams[0].packet_index, allow_pickle=False)
+        store.put_bytes(index_key, buffer.getvalue())
     return decoded_event(
-        uploaded, probe, observed, imu_shape, imu_error, pipeline_version, datetime.now(UTC)
+        uploaded,
+        probe,
+        observed,
+        imu_shape,
+        imu_error,
+        pipeline_version,
+        datetime.now(UTC),
+        packet_index_key=index_key,
     )
 
 

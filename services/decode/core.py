@@ -30,6 +30,11 @@ def classify_unreadable(head: bytes, size_bytes: int) -> ReasonCode:
     return ReasonCode.NOT_A_VIDEO
 
 
+def packet_index_key(pipeline_version: str, episode_id: str, video_sha256: str) -> str:
+    """Where decode stores an episode's packet index (content-addressed by the video)."""
+    return f"index/{pipeline_version}/{episode_id}/{video_sha256}.packets.npy"
+
+
 def decoded_event(
     uploaded: EpisodeUploaded,
     probe: ContainerProbe,
@@ -38,6 +43,7 @@ def decoded_event(
     imu_error: str | None,
     pipeline_version: str,
     now: datetime,
+    packet_index_key: str | None = None,
 ) -> EpisodeDecoded:
     """The `episodes.decoded` event for one probed episode. The event id derives from the
     upload event id and pipeline version, so a redelivered upload gives the same event."""
@@ -73,6 +79,7 @@ def decoded_event(
         primary_stream=primary,
         keyframe_times_s=probe.streams[primary].keyframe_times_s,
         observed_sha256=observed_sha256,
+        packet_index_key=packet_index_key,
         imu_rows=imu_shape[0] if imu_shape else None,
         imu_cols=imu_shape[1] if imu_shape and len(imu_shape) > 1 else None,
         imu_error=imu_error,

@@ -154,6 +154,7 @@ class StreamProbe:
     duration_s: float
     frame_count: int
     keyframe_times_s: list[float]
+    packet_index: NDArray[np.void] = field(repr=False)
     non_monotonic_count: int
     corrupt_packet_count: int
     max_gap_s: float
@@ -198,6 +199,9 @@ def probe_container(path: Path) -> ContainerProbe:
                 entry.dts.append(packet.dts)
                 entry.pts.append(packet.pts)
                 entry.durations.append(packet.duration or 0)
+                entry.positions.append(packet.pos if packet.pos is not None else -1)
+                entry.sizes.append(packet.size)
+                entry.key_flags.append(bool(packet.is_keyframe))
                 if packet.is_keyframe:
                     entry.keyframes.append(packet.pts)
                 if packet.is_corrupt:
@@ -227,7 +231,29 @@ class _PacketLog:
     pts: list[int | None] = field(default_factory=list)
     durations: list[int] = field(default_factory=list)
     keyframes: list[int | None] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+    sizes: list[int] = field(default_factory=list)
+    key_flags: list[bool] = field(default_factory=list)
     corrupt: int = 0
+
+
+PACKET_INDEX_DTYPE = np.dtype(
+    [("pts", "<i8"), ("dts", "<i8"), ("pos", "<i8"), ("size", "<i4"), ("keyframe", "?")]
+)
+
+
+def packet_table(entry: _PacketLog) -> NDArray[np.void]:
+    """The GOP/packet index of one stream as a structured array (one row per packet, demux
+    order; pts/dts in the stream's time_base, missing ones as INT64_MIN; pos = byte offset in
+    the file, -1 if unknown)."""
+    missing = np.iinfo(np.int64).min
+    table = np.zeros(len(entry.pts), dtype=PACKET_INDEX_DTYPE)
+    table["pts"] = [missing if v is None else v for v in entry.pts]
+    table["dts"] = [missing if v is None else v for v in entry.dts]
+    table["pos"] = entry.positions
+    table["size"] = entry.sizes
+    table["keyframe"] = entry.key_flags
+    return table
 
 
 def _stream_probe(stream: VideoStream, entry: _PacketLog) -> StreamProbe:
@@ -262,6 +288,7 @@ def _stream_probe(stream: VideoStream, entry: _PacketLog) -> StreamProbe:
         non_monotonic_count=non_monotonic,
         corrupt_packet_count=entry.corrupt,
         max_gap_s=max(gaps, default=0.0),
+        packet_index=packet_table(entry),
     )
 
 

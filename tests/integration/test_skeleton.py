@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import io
 import json
 import time
 from pathlib import Path
 
+import numpy as np
 import psycopg
 import pytest
 import webdataset as wds
@@ -74,6 +76,10 @@ def test_episodes_travel_every_stage_and_a_clip_reads_back_by_byte_range(
     assert {r["episode_id"] for r in rows} == {good[0].name, good[1].name}
 
     row = rows[0]
+    (index_key,) = [k for k in store.list_keys("index/") if f"/{row['episode_id']}/" in k]
+    packet_index = np.load(io.BytesIO(store.get_bytes(index_key)), allow_pickle=False)
+    assert int(packet_index["keyframe"].sum()) >= 1 and len(packet_index) >= row["frame_count"]
+
     clip = read_clip(store, row)
     assert sum(1 for _ in decode_frames(clip.mp4)) == row["frame_count"]
     assert clip.imu is not None and clip.imu.shape == (row["frame_count"], 6)

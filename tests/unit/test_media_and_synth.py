@@ -55,6 +55,15 @@ def test_probe_indexes_gops_at_30fps(
     assert stream.keyframe_times_s[:3] == pytest.approx([0.0, 1.0, 2.0], abs=1e-3)
 
 
+def test_packet_index_has_a_row_per_frame(episode_factory: EpisodeFactory) -> None:
+    (directory,) = episode_factory(1, seed=8)
+    stream = probe_container(video_of(directory)).streams[0]
+    index = stream.packet_index
+    assert len(index) == stream.frame_count
+    assert int(index["keyframe"].sum()) == len(stream.keyframe_times_s)
+    assert (index["size"] > 0).all() and (index["pos"] >= 0).all()
+
+
 def test_multi_stream_mkv_has_rgb_and_depth(episode_factory: EpisodeFactory) -> None:
     (directory,) = episode_factory(1, seed=4, depth=True)
     probe = probe_container(video_of(directory))
