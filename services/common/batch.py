@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
+from faststream import FastStream
 from faststream.confluent import KafkaBroker
 from faststream.confluent.annotations import KafkaMessage
 from pydantic import BaseModel
@@ -38,7 +39,13 @@ from services.common.objectstore import ObjectStore, object_store
 from services.common.rawcache import RawCache, fetch_raw
 from services.common.scheduling import Ramp, lpt_assign, makespan_ratio
 from services.common.settings import Settings
-from services.common.stage import PermanentError, dlq_record, is_transient, publish_event
+from services.common.stage import (
+    PermanentError,
+    dlq_record,
+    is_transient,
+    publish_event,
+    subscriber_options,
+)
 
 log = logging.getLogger("egoline.batch")
 J = TypeVar("J")
@@ -239,3 +246,30 @@ class BatchStage(Generic[J, R]):
                 if isinstance(result, Failure) and result.transient:
                     transient = result.message
         return done, transient
+
+
+def stage_app(
+    settings: Settings,
+    broker: KafkaBroker,
+    stage: BatchStage[Any, Any],
+    in_topic: str,
+    out_topic: str,
+    out_schema: type[BaseModel],
+) -> FastStream:
+    """The faststream app of a batched stage: its subscriber (own consumer group
+    `egoline-<stage>`, manual commits), its publisher (for the AsyncAPI document) and the worker
+    pool's lifetime."""
+    broker.publisher(out_topic, title=out_topic, schema=out_schema)
+
+    @broker.subscriber(
+        in_topic,
+        title=stage.stage,
+        **subscriber_options(settings, f"egoline-{stage.stage}", batch=True),
+    )
+    async def handle_batch(msg: KafkaMessage) -> None:
+        await stage(msg)
+
+    app = FastStream(broker)
+    app.on_startup(stage.start)
+    app.after_shutdown(stage.stop)
+    return app

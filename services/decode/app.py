@@ -15,7 +15,6 @@ from pathlib import Path
 
 import numpy as np
 from faststream import FastStream
-from faststream.confluent.annotations import KafkaMessage
 from pydantic import BaseModel
 
 from schemas.events import (
@@ -25,15 +24,13 @@ from schemas.events import (
     EpisodeUploaded,
     ReasonCode,
 )
-from services.common.batch import BatchStage, worker_fetch_raw, worker_store
+from services.common.batch import BatchStage, stage_app, worker_fetch_raw, worker_store
 from services.common.files import npy_shape, sha256_file
 from services.common.objectstore import ObjectStore
 from services.common.settings import Settings
-from services.common.stage import PermanentError, make_broker, parse_event, subscriber_options
+from services.common.stage import PermanentError, make_broker, parse_event
 from services.decode.core import classify_unreadable, decoded_event, packet_index_key
 from services.media.av_io import ProbeError, probe_container
-
-GROUP = "egoline-decode"
 
 
 @dataclass(frozen=True)
@@ -120,15 +117,4 @@ def build_stage(settings: Settings, broker: object) -> BatchStage[DecodeJob, Epi
 def build_app(settings: Settings) -> FastStream:
     broker = make_broker(settings, "decode")
     stage = build_stage(settings, broker)
-    broker.publisher(TOPIC_DECODED, title="episodes.decoded", schema=EpisodeDecoded)
-
-    @broker.subscriber(
-        TOPIC_UPLOADED, title="decode", **subscriber_options(settings, GROUP, batch=True)
-    )
-    async def on_uploaded(msg: KafkaMessage) -> None:
-        await stage(msg)
-
-    app = FastStream(broker)
-    app.on_startup(stage.start)
-    app.after_shutdown(stage.stop)
-    return app
+    return stage_app(settings, broker, stage, TOPIC_UPLOADED, TOPIC_DECODED, EpisodeDecoded)

@@ -24,7 +24,6 @@ from pathlib import Path
 
 import numpy as np
 from faststream import FastStream
-from faststream.confluent.annotations import KafkaMessage
 from pydantic import BaseModel
 
 from schemas.events import (
@@ -38,10 +37,10 @@ from schemas.events import (
     Verdict,
     derive_event_id,
 )
-from services.common.batch import BatchStage, worker_fetch_raw, worker_store
+from services.common.batch import BatchStage, stage_app, worker_fetch_raw, worker_store
 from services.common.objectstore import ObjectStore
 from services.common.settings import Settings
-from services.common.stage import PermanentError, make_broker, parse_event, subscriber_options
+from services.common.stage import PermanentError, make_broker, parse_event
 from services.media.av_io import RemuxError, remux_clips
 from services.shard.core import (
     SHARD_FORMAT_VERSION,
@@ -52,7 +51,6 @@ from services.shard.core import (
     write_tar,
 )
 
-GROUP = "egoline-shard"
 TAR_OVERHEAD = 3 * 1024  # three 512-byte headers plus padding, per clip
 
 
@@ -308,15 +306,4 @@ def build_app(settings: Settings) -> FastStream:
 
     broker = make_broker(settings, "shard")
     stage = build_stage(settings, broker, object_store(settings))
-    broker.publisher(TOPIC_SHARDS, title="shards.written", schema=ShardsWritten)
-
-    @broker.subscriber(
-        TOPIC_VALIDATED, title="shard", **subscriber_options(settings, GROUP, batch=True)
-    )
-    async def on_validated(msg: KafkaMessage) -> None:
-        await stage(msg)
-
-    app = FastStream(broker)
-    app.on_startup(stage.start)
-    app.after_shutdown(stage.stop)
-    return app
+    return stage_app(settings, broker, stage, TOPIC_VALIDATED, TOPIC_SHARDS, ShardsWritten)

@@ -12,7 +12,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from faststream import FastStream
-from faststream.confluent.annotations import KafkaMessage
 from pydantic import BaseModel
 
 from schemas.events import (
@@ -22,13 +21,11 @@ from schemas.events import (
     EpisodeValidated,
     derive_event_id,
 )
-from services.common.batch import BatchStage, worker_fetch_raw
+from services.common.batch import BatchStage, stage_app, worker_fetch_raw
 from services.common.settings import Settings
-from services.common.stage import make_broker, parse_event, subscriber_options
+from services.common.stage import make_broker, parse_event
 from services.media.av_io import decode_keyframes
 from services.validate.rules import KeyframeResult, RuleSet, evaluate
-
-GROUP = "egoline-validate"
 
 
 @dataclass(frozen=True)
@@ -93,15 +90,4 @@ def build_stage(
 def build_app(settings: Settings, rules: RuleSet | None = None) -> FastStream:
     broker = make_broker(settings, "validate")
     stage = build_stage(settings, broker, rules or RuleSet())
-    broker.publisher(TOPIC_VALIDATED, title="episodes.validated", schema=EpisodeValidated)
-
-    @broker.subscriber(
-        TOPIC_DECODED, title="validate", **subscriber_options(settings, GROUP, batch=True)
-    )
-    async def on_decoded(msg: KafkaMessage) -> None:
-        await stage(msg)
-
-    app = FastStream(broker)
-    app.on_startup(stage.start)
-    app.after_shutdown(stage.stop)
-    return app
+    return stage_app(settings, broker, stage, TOPIC_DECODED, TOPIC_VALIDATED, EpisodeValidated)
