@@ -15,6 +15,7 @@ Episode states: pending -> uploading -> uploaded (event waiting in the outbox) -
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import threading
 import time
@@ -256,3 +257,15 @@ class Journal:
             "WHERE s.sent_at > p.acked_at"
         )
         return int(str(rows[0][0]))
+
+
+def count_acked_parts(path: Path) -> int:
+    """Acknowledged parts in a journal file, read-only, as another process sees it while the
+    agent writes (0 while the file or its tables don't exist yet). For monitoring and tests."""
+    if not path.exists():
+        return 0
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+            return int(db.execute("SELECT count(*) FROM parts").fetchone()[0])
+    except sqlite3.OperationalError:
+        return 0

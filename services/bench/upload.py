@@ -14,7 +14,6 @@ import json
 import os
 import shutil
 import signal
-import sqlite3
 import statistics
 import subprocess
 import sys
@@ -25,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from services.agent.journal import Journal
+from services.agent.journal import Journal, count_acked_parts
 from services.agent.runner import make_agent
 from services.common.objectstore import object_store
 from services.common.settings import Settings
@@ -54,16 +53,6 @@ def write_recording(root: Path, size_mb: int) -> Path:
     return folder
 
 
-def _acked(journal: Path) -> int:
-    if not journal.exists():
-        return 0
-    try:
-        with sqlite3.connect(journal) as db:
-            return int(db.execute("SELECT count(*) FROM parts").fetchone()[0])
-    except sqlite3.OperationalError:
-        return 0
-
-
 def resume_after_kill(
     settings: Settings, root: Path, size_mb: int, log: Callable[[str], None]
 ) -> int:
@@ -84,11 +73,12 @@ def resume_after_kill(
         stderr=subprocess.DEVNULL,
     )
     deadline = time.monotonic() + 120
-    while _acked(state / "journal.sqlite") < 3 and time.monotonic() < deadline:
+    while count_acked_parts(state / "journal.sqlite") < 3 and time.monotonic() < deadline:
         time.sleep(0.1)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    log(f"killed the agent after {_acked(state / 'journal.sqlite')} acknowledged parts; resuming")
+    acked = count_acked_parts(state / "journal.sqlite")
+    log(f"killed the agent after {acked} acknowledged parts; resuming")
     subprocess.run(command, env=env, check=True, capture_output=True, timeout=600)
     journal = Journal(state / "journal.sqlite")
     try:

@@ -6,7 +6,6 @@ import hashlib
 import json
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import threading
@@ -18,7 +17,7 @@ from urllib.parse import urlparse
 import pytest
 
 from schemas.events import TOPIC_UPLOADED
-from services.agent.journal import Journal
+from services.agent.journal import Journal, count_acked_parts
 from services.agent.runner import make_agent
 from services.common.objectstore import object_store
 from services.common.settings import Settings
@@ -56,16 +55,6 @@ def events_for(settings: Settings, episode_id: str) -> list[str]:
     ]
 
 
-def acked_parts(journal_path: Path) -> int:
-    if not journal_path.exists():
-        return 0
-    with sqlite3.connect(journal_path) as db:
-        try:
-            return int(db.execute("SELECT count(*) FROM parts").fetchone()[0])
-        except sqlite3.OperationalError:
-            return 0
-
-
 def test_kill_9_mid_upload_resumes_without_resending_parts(stack: Settings, tmp_path: Path) -> None:
     folder, episode_id = make_episode(tmp_path / "rec", size_mb=40)
     state = tmp_path / "agent"
@@ -82,10 +71,12 @@ def test_kill_9_mid_upload_resumes_without_resending_parts(stack: Settings, tmp_
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    wait_for(lambda: acked_parts(state / "journal.sqlite") >= 3, 60, "three acknowledged parts")
+    wait_for(
+        lambda: count_acked_parts(state / "journal.sqlite") >= 3, 60, "three acknowledged parts"
+    )
     slow.send_signal(signal.SIGKILL)
     slow.wait()
-    assert acked_parts(state / "journal.sqlite") < 8, "the upload finished before the kill"
+    assert count_acked_parts(state / "journal.sqlite") < 8, "the upload finished before the kill"
 
     resumed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
