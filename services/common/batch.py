@@ -24,6 +24,7 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, TypeVar
@@ -130,19 +131,33 @@ class BatchStage(Generic[J, R]):
     _failures: int = 0
 
     def start(self) -> None:
-        self._pool = ProcessPoolExecutor(
+        self._pool = self._new_pool()
+        self._ramp = Ramp(self.workers)
+
+    def _new_pool(self) -> ProcessPoolExecutor:
+        return ProcessPoolExecutor(
             max_workers=self.workers,
             mp_context=multiprocessing.get_context("spawn"),
             initializer=init_worker,
             initargs=(self.settings,),
         )
-        self._ramp = Ramp(self.workers)
 
     def stop(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
 
     async def __call__(self, msg: KafkaMessage) -> None:
+        try:
+            await self._consume(msg)
+        except Exception:
+            # Never leave a batch un-acknowledged and move on: a later commit would skip it
+            # (faststream issue #2618). Rewind to it and retry; every effect is idempotent.
+            log.exception("%s: batch failed unexpectedly; rewinding to retry it", self.stage)
+            self._failures += 1
+            await msg.nack()
+            await asyncio.sleep(min(30.0, 0.5 * 2**self._failures) * random.uniform(0.5, 1.0))
+
+    async def _consume(self, msg: KafkaMessage) -> None:
         started = time.perf_counter()
         raw = msg.raw_message if isinstance(msg.raw_message, tuple) else (msg.raw_message,)
         records = [
@@ -228,11 +243,22 @@ class BatchStage(Generic[J, R]):
         plan = lpt_assign([self.cost(jobs[i]) for i in indexes], width)
         loop = asyncio.get_running_loop()
         started = time.perf_counter()
-        futures = [
-            loop.run_in_executor(self._pool, run_jobs, self.run, [jobs[indexes[j]] for j in share])
-            for share in plan
-        ]
-        shares = await asyncio.gather(*futures)
+        try:
+            futures = [
+                loop.run_in_executor(
+                    self._pool, run_jobs, self.run, [jobs[indexes[j]] for j in share]
+                )
+                for share in plan
+            ]
+            shares = await asyncio.gather(*futures)
+        except BrokenProcessPool as exc:
+            # A worker died (killed, out of memory): a broken pool stays broken, so start a
+            # fresh one (with the ramp from one worker) and have the batch retried.
+            log.error("%s: worker pool broke (%s); restarting it", self.stage, exc)
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = self._new_pool()
+            self._ramp = Ramp(self.workers)
+            return {}, f"worker pool broke: {exc}"
         wall = time.perf_counter() - started
         ratio = makespan_ratio([busy for _, busy, _ in shares], wall)
         self.stats.makespan_ratios.append(ratio)

@@ -98,7 +98,9 @@ def build_app(settings: Settings) -> FastStream:
         records = [(str(r.topic()), r.value() or b"") for r in raw]
         try:
             failures = await asyncio.to_thread(apply_batch, engine, records, settings)
-        except TransientError as exc:
+        except Exception as exc:
+            # Transient (warehouse down) or not, never commit past an unapplied batch
+            # (faststream issue #2618): rewind and retry; the upserts are idempotent.
             log.warning("metadata: batch rewound, retrying: %s", exc)
             await msg.nack()
             await asyncio.sleep(random.uniform(1.0, 3.0))

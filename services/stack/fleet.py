@@ -73,11 +73,12 @@ class Fleet:
         return [name for name, p in self.procs.items() if p.poll() is not None]
 
     def stop(self, timeout_s: float = 20.0) -> None:
-        """SIGTERM every process (graceful: in-flight work finishes), SIGKILL stragglers."""
+        """SIGTERM every service (graceful: it finishes its batch and stops its own workers),
+        then SIGKILL the process group of any straggler."""
         for proc in self.procs.values():
             if proc.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGTERM)
+                    os.kill(proc.pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout_s
         for proc in self.procs.values():
             try:

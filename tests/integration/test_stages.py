@@ -168,3 +168,29 @@ def test_redelivering_every_event_writes_no_new_objects_and_no_duplicate_clips(
     ]
     replayed = len(shard_event_ids) - len(set(shard_event_ids))
     assert replayed > 0, "redelivered episodes re-emit their shard events, with the same ids"
+
+
+def test_a_killed_worker_process_is_replaced_and_nothing_is_lost(
+    stack: Settings, fleet: Fleet, episode_factory: EpisodeFactory, tmp_path: Path
+) -> None:
+    import signal
+
+    import psutil
+
+    workers = psutil.Process(fleet.procs["validate-0"].pid).children(recursive=True)
+    assert workers, "the validate stage runs its work in worker processes"
+    for worker in workers:
+        worker.send_signal(signal.SIGKILL)
+    seed = 9000 + int(time.time()) % 900
+    dirs = episode_factory(4, seed=seed)
+    agent = make_agent(
+        stack.model_copy(update={"agent_state_dir": tmp_path / "agent"}), object_store(stack)
+    )
+    agent.run_once(dirs, 30)
+    ids = [d.name for d in dirs]
+    wait_for(
+        lambda: set(episode_states(stack, ids).values()) == {"sharded"},
+        180,
+        "every episode sharded after the validate workers were killed",
+    )
+    assert fleet.procs["validate-0"].poll() is None, "the stage itself kept running"
