@@ -1,7 +1,11 @@
-"""Warehouse tables (SQLAlchemy Core) and the connection factory."""
+"""Warehouse tables (SQLAlchemy Core), the connection factory and the migrations (Alembic)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
 from sqlalchemy import (
     BigInteger,
     Column,
@@ -155,10 +159,16 @@ def make_engine(settings: Settings) -> Engine:
     return create_engine(settings.database_sqlalchemy_url, pool_pre_ping=True)
 
 
-def upgrade(settings: Settings) -> None:
-    """Create the warehouse tables that don't exist yet."""
-    engine = make_engine(settings)
-    try:
-        metadata.create_all(engine)
-    finally:
-        engine.dispose()
+MIGRATIONS = Path(__file__).parent / "migrations"
+
+
+def alembic_config(settings: Settings) -> Config:
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    config.set_main_option("sqlalchemy.url", settings.database_sqlalchemy_url)
+    return config
+
+
+def upgrade(settings: Settings, revision: str = "head") -> None:
+    """Apply the Alembic migrations up to `revision` (idempotent)."""
+    command.upgrade(alembic_config(settings), revision)
