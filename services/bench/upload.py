@@ -2,8 +2,9 @@
 
 Both write the same bytes to the same object store with the same part size; the agent's time
 includes hashing the file (the raw key is content-addressed) and publishing the event. One
-unmeasured upload warms the store up; then the two sides alternate for `rounds` rounds and the
-medians are compared (single runs on the embedded store vary by +-20%).
+unmeasured upload warms the store up; then the two sides run in ABBA order for `rounds` rounds
+and the medians are compared (single runs on the embedded store vary by +-20%, and it slows as
+it ages, which the ABBA order cancels).
 A second, smaller episode is uploaded by an agent process killed with SIGKILL mid-upload and
 restarted, to count parts sent again after the store had acknowledged them.
 """
@@ -90,7 +91,7 @@ def resume_after_kill(
 
 
 def bench_upload(
-    settings: Settings, size_mb: int, log: Callable[[str], None], rounds: int = 5
+    settings: Settings, size_mb: int, log: Callable[[str], None], rounds: int = 6
 ) -> dict[str, Any]:
     store = object_store(settings)
     part_size = settings.agent_part_size_mb * MB
@@ -103,14 +104,16 @@ def bench_upload(
         store.delete(warmup)
         baseline_s: list[float] = []
         agent_s: list[float] = []
-        for round_no in range(rounds):
+
+        def run_baseline() -> None:
             key = f"bench/baseline/{uuid.uuid4().hex}"
             started = time.perf_counter()
             store.client.fput_object(settings.s3_bucket, key, str(video), part_size=part_size)
             baseline_s.append(time.perf_counter() - started)
             store.delete(key)
 
-            state = root / f"agent-{round_no}"
+        def run_agent() -> None:
+            state = root / f"agent-{len(agent_s)}"
             agent = make_agent(settings.model_copy(update={"agent_state_dir": state}), store)
             started = time.perf_counter()
             counts = agent.run_once([folder], 60.0)
@@ -120,6 +123,12 @@ def bench_upload(
             event = agent.journal.episodes()[0].event_json or "{}"
             store.delete(json.loads(event)["episode"]["video"]["key"])
             agent.journal.close()
+
+        # ABBA order: the emulator drifts as it ages, and a drift hits both sides equally.
+        for round_no in range(rounds):
+            order = (run_baseline, run_agent) if round_no % 2 == 0 else (run_agent, run_baseline)
+            for run in order:
+                run()
             log(
                 f"round {round_no + 1}/{rounds}: fput_object {size_mb / baseline_s[-1]:.1f} MB/s,"
                 f" agent {size_mb / agent_s[-1]:.1f} MB/s"
