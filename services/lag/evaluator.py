@@ -11,9 +11,10 @@ is evaluated with Burrow's rules, in Burrow's order:
 6. otherwise                                            -> OK
 A group is its worst partition, clamped to ERR (STOP, STALL and REWIND count as ERR).
 
-Differences from Burrow: the window is evaluated from 2 observations on (Burrow waits for a full
-window), and an observation whose lag is unknown (the broker reported a log-end offset below the
-committed one) makes the partition UNKNOWN rather than producing a negative lag.
+Differences from Burrow: the window is evaluated before it is full (STOP from one commit on,
+STALL and WARN from two; Burrow waits for a full window, so a consumer that commits once and
+dies would never be reported), and an observation whose lag is unknown (the broker reported a
+log-end offset below the committed one) makes the partition UNKNOWN, never a negative lag.
 """
 
 from __future__ import annotations
@@ -61,14 +62,14 @@ def evaluate_partition(window: Sequence[Observation], now: float, min_entries: i
     lags = [int(o.lag or 0) for o in window]
     if any(lag == 0 for lag in lags):
         return Status.OK
-    if len(window) < min_entries:
-        return Status.OK
     offsets = [o.committed for o in window]
     if any(b < a for a, b in itertools.pairwise(offsets)):
         return Status.REWIND
     first, last = window[0].at, window[-1].at
     if now - last > last - first:
         return Status.STOP
+    if len(window) < min_entries:
+        return Status.OK
     if all(offset == offsets[0] for offset in offsets):
         return Status.STALL
     if all(b >= a for a, b in itertools.pairwise(lags)):

@@ -1,0 +1,80 @@
+"""Sliding windows per partition and the lag report (pure: fed with offset readings)."""
+
+from __future__ import annotations
+
+from collections import defaultdict, deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from services.lag.collector import PartitionOffsets
+from services.lag.evaluator import (
+    Observation,
+    Status,
+    evaluate_group,
+    evaluate_partition,
+    lag_seconds,
+    partition_lag,
+)
+
+PIPELINE_GROUPS = ("egoline-decode", "egoline-validate", "egoline-shard", "egoline-metadata")
+
+
+@dataclass
+class LagMonitor:
+    window: int = 10  # Burrow's default window of commits
+    end_samples: int = 120  # (log-end offset, time) samples kept per partition for lag seconds
+    _windows: dict[tuple[str, str, int], deque[Observation]] = field(default_factory=dict)
+    _ends: dict[tuple[str, int], deque[tuple[int, float]]] = field(
+        default_factory=lambda: defaultdict(deque)
+    )
+    _latest: dict[tuple[str, str, int], PartitionOffsets] = field(default_factory=dict)
+
+    def observe(self, readings: list[PartitionOffsets]) -> None:
+        for r in readings:
+            key = (r.group, r.topic, r.partition)
+            history = self._windows.setdefault(key, deque(maxlen=self.window))
+            # Burrow keeps one entry per commit: a reading without a new commit only refreshes
+            # the lag of the latest entry (so a stopped consumer's window keeps its old times).
+            if history and history[-1].committed == r.committed:
+                history[-1] = Observation(
+                    history[-1].at, r.committed, partition_lag(r.committed, r.end)
+                )
+            else:
+                history.append(Observation(r.at, r.committed, partition_lag(r.committed, r.end)))
+            ends = self._ends[(r.topic, r.partition)]
+            if not ends or ends[-1][0] != r.end:
+                ends.append((r.end, r.at))
+                while len(ends) > self.end_samples:
+                    ends.popleft()
+            self._latest[key] = r
+
+    def report(self, now: float) -> dict[str, Any]:
+        """Per group: status, total and max lag, and per partition the fields of `egoline lag`."""
+        groups: dict[str, dict[str, Any]] = {}
+        for key, reading in sorted(self._latest.items()):
+            group, topic, partition = key
+            status = evaluate_partition(list(self._windows[key]), now)
+            lag = partition_lag(reading.committed, reading.end)
+            seconds = lag_seconds(reading.committed, list(self._ends[(topic, partition)]), now)
+            entry = groups.setdefault(group, {"partitions": []})
+            entry["partitions"].append(
+                {
+                    "topic": topic,
+                    "partition": partition,
+                    "committed": reading.committed,
+                    "end": reading.end,
+                    "lag": lag,
+                    "lag_seconds": None if lag is None or seconds is None else round(seconds, 3),
+                    "status": status.name,
+                }
+            )
+        for entry in groups.values():
+            parts = entry["partitions"]
+            entry["status"] = evaluate_group([Status[p["status"]] for p in parts]).name
+            known = [p["lag"] for p in parts if p["lag"] is not None]
+            entry["total_lag"] = sum(known)
+            entry["max_lag"] = max(known, default=0)
+            entry["max_lag_seconds"] = max(
+                (p["lag_seconds"] for p in parts if p["lag_seconds"] is not None), default=0.0
+            )
+        return groups
