@@ -93,12 +93,12 @@ def stack_down() -> None:
 
 
 # --- services ----------------------------------------------------------------------------
-SERVE_STAGES = ("decode", "validate", "shard", "metadata")
+SERVE_STAGES = ("decode", "validate", "shard", "metadata", "lag")
 
 
 @app.command("serve")
 def serve(
-    stage: Annotated[str, typer.Argument(help="decode | validate | shard | metadata")],
+    stage: Annotated[str, typer.Argument(help="decode | validate | shard | metadata | lag")],
 ) -> None:
     """Run one pipeline service (its own consumer group) until SIGTERM/SIGINT."""
     import asyncio
@@ -112,6 +112,17 @@ def serve(
         raise typer.BadParameter(f"unknown stage {stage!r}; one of {', '.join(SERVE_STAGES)}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     settings = get_settings()
+    if stage == "lag":
+        import signal
+        import threading
+
+        from services.lag.app import serve_lag
+
+        stop = threading.Event()
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        signal.signal(signal.SIGINT, lambda *_: stop.set())
+        serve_lag(settings, settings.metrics_port or 9308, [], stop)
+        return
     # Staggered start: a fleet restarted together doesn't stampede the broker and object store.
     time.sleep(random.uniform(0, settings.start_jitter_s))
     apps = {

@@ -76,6 +76,18 @@ class OffsetReader:
 
     def read(self, groups: list[str]) -> list[PartitionOffsets]:
         committed = {g: self.committed(g) for g in groups}
+        # A group consuming a topic lags on every partition of it, including partitions it
+        # has never committed on: those count from the log start.
+        topics = {t for offsets in committed.values() for t, _ in offsets}
+        metadata = self.admin.list_topics(timeout=10).topics if topics else {}
+        for offsets in committed.values():
+            for topic in {t for t, _ in offsets}:
+                for partition in metadata[topic].partitions if topic in metadata else ():
+                    if (topic, partition) not in offsets:
+                        low = self._watcher.get_watermark_offsets(
+                            TopicPartition(topic, partition), timeout=5, cached=False
+                        )[0]
+                        offsets[(topic, partition)] = max(0, low)
         partitions = {tp for offsets in committed.values() for tp in offsets}
         ends = self.ends(partitions) if partitions else {}
         now = time.time()

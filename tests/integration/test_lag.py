@@ -3,16 +3,31 @@ ListOffsets is not, and a group that stops committing while lagging is reported.
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
+import sys
 import time
+import urllib.request
 import uuid
+from pathlib import Path
+from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+from services.agent.runner import make_agent
 from services.common import kafka
+from services.common.objectstore import object_store
 from services.common.settings import Settings
 from services.lag.collector import OffsetReader
 from services.lag.monitor import LagMonitor
+from services.stack.fleet import Fleet
+from services.stack.launcher import free_port
+from tests.fixtures.media import EpisodeFactory
+from tests.fixtures.polling import wait_for
+from tests.fixtures.stack import episode_states
 
 pytestmark = pytest.mark.connected
 
@@ -52,3 +67,60 @@ def test_end_offsets_and_lag_are_right_for_a_batched_topic(stack: Settings) -> N
     later = monitor.report(time.time() + 60)[group]
     assert later["partitions"][0]["status"] == "STOP"
     assert later["status"] == "ERR"  # a group is its worst partition, clamped to ERR
+
+
+def lag_json(port: int) -> dict[str, Any]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/lag.json", timeout=2) as resp:
+            return dict(json.loads(resp.read()))
+    except OSError:
+        return {}
+
+
+def test_a_paused_stage_lags_then_drains_to_ok(
+    stack: Settings, fleet: Fleet, episode_factory: EpisodeFactory, tmp_path: Path
+) -> None:
+    port = free_port()
+    service = subprocess.Popen(
+        [sys.executable, "-m", "services.cli", "serve", "lag"],
+        env={**os.environ, "EGOLINE_METRICS_PORT": str(port), "EGOLINE_START_JITTER_S": "0"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    decode = fleet.procs["decode-0"]
+    try:
+        wait_for(lambda: lag_json(port).get("last_ok"), 30, "the lag service's first reading")
+        dirs = episode_factory(4, seed=7000 + int(time.time()) % 900)
+        agent = make_agent(
+            stack.model_copy(update={"agent_state_dir": tmp_path / "agent"}), object_store(stack)
+        )
+        # one episode first, so the decode group has committed offsets to measure from
+        agent.run_once(dirs[:1], 30)
+        wait_for(
+            lambda: episode_states(stack, [dirs[0].name]) == {dirs[0].name: "sharded"},
+            60,
+            "the first episode",
+        )
+        os.kill(decode.pid, signal.SIGSTOP)
+        try:
+            agent.run_once(dirs[1:], 30)
+
+            def lagging() -> bool:
+                group = lag_json(port).get("groups", {}).get("egoline-decode", {})
+                return bool(group.get("total_lag", 0) >= 3 and group.get("status") != "OK")
+
+            wait_for(lagging, 60, "decode lagging while paused")
+        finally:
+            os.kill(decode.pid, signal.SIGCONT)
+
+        def drained() -> bool:
+            group = lag_json(port).get("groups", {}).get("egoline-decode", {})
+            return bool(group.get("total_lag") == 0 and group.get("status") == "OK")
+
+        wait_for(drained, 120, "decode drained back to OK")
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+            metrics = resp.read().decode()
+        assert 'kafka_consumergroup_group_sum_lag{group="egoline-decode"} 0.0' in metrics
+    finally:
+        service.terminate()
+        service.wait(10)

@@ -1,0 +1,156 @@
+"""`egoline serve lag`: polls offsets, evaluates lag, serves /metrics, /lag.json, /healthz.
+
+Metric names follow kafka-lag-exporter (docs/metrics.md). A failed reading (broker down) keeps
+the service up: every group reports status UNKNOWN until readings succeed again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
+
+from services.common.settings import Settings
+from services.lag.collector import OffsetReader
+from services.lag.evaluator import Status
+from services.lag.monitor import PIPELINE_GROUPS, LagMonitor
+
+log = logging.getLogger("egoline.lag")
+
+
+class LagMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        part = ["group", "topic", "partition"]
+        self.lag = Gauge(
+            "kafka_consumergroup_group_lag", "Messages behind", part, registry=self.registry
+        )
+        self.lag_s = Gauge(
+            "kafka_consumergroup_group_lag_seconds", "Seconds behind", part, registry=self.registry
+        )
+        self.max_lag = Gauge(
+            "kafka_consumergroup_group_max_lag",
+            "Largest partition lag",
+            ["group"],
+            registry=self.registry,
+        )
+        self.max_lag_s = Gauge(
+            "kafka_consumergroup_group_max_lag_seconds",
+            "Largest partition lag in seconds",
+            ["group"],
+            registry=self.registry,
+        )
+        self.sum_lag = Gauge(
+            "kafka_consumergroup_group_sum_lag", "Total lag", ["group"], registry=self.registry
+        )
+        self.latest = Gauge(
+            "kafka_partition_latest_offset",
+            "Log-end offset",
+            ["topic", "partition"],
+            registry=self.registry,
+        )
+        self.status = Gauge(
+            "egoline_consumergroup_status",
+            "Burrow status: 0 OK, 1 WARN, 2 UNKNOWN, 3 STALL, 4 STOP, 5 REWIND, 6 ERR",
+            ["group"],
+            registry=self.registry,
+        )
+
+    def update(self, report: dict[str, Any]) -> None:
+        for group, entry in report.items():
+            for p in entry["partitions"]:
+                labels = (group, p["topic"], str(p["partition"]))
+                if p["lag"] is not None:
+                    self.lag.labels(*labels).set(p["lag"])
+                if p["lag_seconds"] is not None:
+                    self.lag_s.labels(*labels).set(p["lag_seconds"])
+                self.latest.labels(p["topic"], str(p["partition"])).set(p["end"])
+            self.max_lag.labels(group).set(entry["max_lag"])
+            self.max_lag_s.labels(group).set(entry["max_lag_seconds"])
+            self.sum_lag.labels(group).set(entry["total_lag"])
+            self.status.labels(group).set(Status[entry["status"]].value)
+
+
+class LagService:
+    def __init__(self, settings: Settings, groups: list[str], interval_s: float = 2.0) -> None:
+        self.settings = settings
+        self.groups = groups
+        self.interval_s = interval_s
+        self.monitor = LagMonitor()
+        self.metrics = LagMetrics()
+        self.report: dict[str, Any] = {}
+        self.last_ok: float | None = None
+        self.error: str | None = None
+        self._lock = threading.Lock()
+
+    def poll_forever(self, stop: threading.Event) -> None:
+        reader: OffsetReader | None = None
+        while not stop.is_set():
+            try:
+                reader = reader or OffsetReader(self.settings)
+                self.monitor.observe(reader.read(self.groups))
+                self.last_ok, self.error = time.time(), None
+            except Exception as exc:  # the broker is down: report UNKNOWN, keep polling
+                log.warning("lag reading failed: %s", exc)
+                self.error = str(exc)[:300]
+            # evaluate on a timer, not only on commits: a dead consumer's status moves to STOP
+            report = self.monitor.report(time.time())
+            if self.error is not None:
+                for entry in report.values():
+                    entry["status"] = Status.UNKNOWN.name
+            with self._lock:
+                self.report = report
+            self.metrics.update(report)
+            stop.wait(self.interval_s)
+        if reader is not None:
+            reader.close()
+
+    def snapshot(self) -> dict[str, Any]:
+        with self._lock:
+            return {"groups": self.report, "last_ok": self.last_ok, "error": self.error}
+
+
+def make_handler(service: LagService) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path == "/metrics":
+                self._send(200, CONTENT_TYPE_LATEST, generate_latest(service.metrics.registry))
+            elif self.path == "/lag.json":
+                self._send(200, "application/json", json.dumps(service.snapshot()).encode())
+            elif self.path == "/healthz":
+                self._send(200, "text/plain", b"ok")
+            elif self.path == "/readyz":
+                ready = service.last_ok is not None and service.error is None
+                self._send(200 if ready else 503, "text/plain", b"ready" if ready else b"not ready")
+            else:
+                self._send(404, "text/plain", b"not found")
+
+        def _send(self, code: int, content_type: str, body: bytes) -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            return
+
+    return Handler
+
+
+def serve_lag(
+    settings: Settings, port: int, extra_groups: list[str], stop: threading.Event
+) -> None:
+    service = LagService(settings, [*PIPELINE_GROUPS, *extra_groups])
+    server = ThreadingHTTPServer((settings.metrics_host, port), make_handler(service))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    log.info("lag service on http://%s:%d (/metrics, /lag.json)", settings.metrics_host, port)
+    try:
+        service.poll_forever(stop)
+    finally:
+        server.shutdown()
