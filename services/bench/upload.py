@@ -54,22 +54,22 @@ def write_recording(root: Path, size_mb: int) -> Path:
     return folder
 
 
-def resume_after_kill(
-    settings: Settings, root: Path, size_mb: int, log: Callable[[str], None]
-) -> int:
-    """Upload through an agent process, SIGKILL it after a few parts, restart it; returns the
-    parts sent again after the store acknowledged them (the journal counts every send)."""
-    folder = write_recording(root / "resume", size_mb)
-    state = root / "resume-agent"
+def kill_and_resume(
+    folder: Path, state: Path, bandwidth_mb_s: float, extra_env: dict[str, str] | None = None
+) -> tuple[int, str]:
+    """Upload `folder` with an agent process capped at `bandwidth_mb_s`, SIGKILL it once three
+    parts are acknowledged, then run it again uncapped to the end. Returns (parts acknowledged
+    at the kill, the resumed run's stdout)."""
     env = {
         **os.environ,
         "EGOLINE_AGENT_STATE_DIR": str(state),
         "EGOLINE_AGENT_PART_SIZE_MB": "5",
+        **(extra_env or {}),
     }
     command = [sys.executable, "-m", "services.cli", "agent", "upload", str(folder)]
     proc = subprocess.Popen(
         command,
-        env={**env, "EGOLINE_AGENT_BANDWIDTH_MB_S": "10"},
+        env={**env, "EGOLINE_AGENT_BANDWIDTH_MB_S": str(bandwidth_mb_s)},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -79,8 +79,20 @@ def resume_after_kill(
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     acked = count_acked_parts(state / "journal.sqlite")
-    log(f"killed the agent after {acked} acknowledged parts; resuming")
-    subprocess.run(command, env=env, check=True, capture_output=True, timeout=600)
+    resumed = subprocess.run(
+        command, env=env, check=True, capture_output=True, text=True, timeout=600
+    )
+    return acked, resumed.stdout
+
+
+def resume_after_kill(
+    settings: Settings, root: Path, size_mb: int, log: Callable[[str], None]
+) -> int:
+    """Parts sent again, after the store acknowledged them, by an agent killed mid-upload and
+    restarted (the journal counts every send)."""
+    state = root / "resume-agent"
+    acked, _ = kill_and_resume(write_recording(root / "resume", size_mb), state, 10)
+    log(f"killed the agent after {acked} acknowledged parts, then resumed it")
     journal = Journal(state / "journal.sqlite")
     try:
         if journal.counts() != {"published": 1}:

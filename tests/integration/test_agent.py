@@ -17,8 +17,9 @@ from urllib.parse import urlparse
 import pytest
 
 from schemas.events import TOPIC_UPLOADED
-from services.agent.journal import Journal, count_acked_parts
+from services.agent.journal import Journal
 from services.agent.runner import make_agent
+from services.bench.upload import kill_and_resume
 from services.common.objectstore import object_store
 from services.common.settings import Settings
 from services.stack.launcher import Stack
@@ -58,29 +59,11 @@ def events_for(settings: Settings, episode_id: str) -> list[str]:
 def test_kill_9_mid_upload_resumes_without_resending_parts(stack: Settings, tmp_path: Path) -> None:
     folder, episode_id = make_episode(tmp_path / "rec", size_mb=40)
     state = tmp_path / "agent"
-    env = {
-        **os.environ,
-        "EGOLINE_AGENT_STATE_DIR": str(state),
-        "EGOLINE_AGENT_PART_SIZE_MB": "5",
-        "EGOLINE_AGENT_UPLOAD_CONCURRENCY": "2",
-    }
-    command = [sys.executable, "-m", "services.cli", "agent", "upload", str(folder)]
-    slow = subprocess.Popen(
-        command,
-        env={**env, "EGOLINE_AGENT_BANDWIDTH_MB_S": "6"},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+    acked, stdout = kill_and_resume(
+        folder, state, bandwidth_mb_s=6, extra_env={"EGOLINE_AGENT_UPLOAD_CONCURRENCY": "2"}
     )
-    wait_for(
-        lambda: count_acked_parts(state / "journal.sqlite") >= 3, 60, "three acknowledged parts"
-    )
-    slow.send_signal(signal.SIGKILL)
-    slow.wait()
-    assert count_acked_parts(state / "journal.sqlite") < 8, "the upload finished before the kill"
-
-    resumed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
-    report = json.loads(resumed.stdout.strip().splitlines()[-1])
+    assert 3 <= acked < 8, "the kill must land mid-upload (8 parts in all)"
+    report = json.loads(stdout.strip().splitlines()[-1])
     assert report["parts_resent"] == 0
 
     journal = Journal(state / "journal.sqlite")
