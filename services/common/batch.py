@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
@@ -109,13 +109,6 @@ def run_jobs(run: Callable[[Any], Any], jobs: list[Any]) -> tuple[list[Any], flo
 
 
 @dataclass
-class BatchStats:
-    batches: int = 0
-    records: int = 0
-    makespan_ratios: list[float] = field(default_factory=list)
-
-
-@dataclass
 class BatchStage(Generic[J, R]):
     broker: KafkaBroker
     stage: str
@@ -125,7 +118,6 @@ class BatchStage(Generic[J, R]):
     cost: Callable[[J], float]
     run: Callable[[J], R]
     finish: Callable[[dict[int, J], dict[int, R]], Sequence[tuple[str, BaseModel, str]]]
-    stats: BatchStats = field(default_factory=BatchStats)
     _pool: ProcessPoolExecutor | None = None
     _ramp: Ramp | None = None
     _failures: int = 0
@@ -228,8 +220,6 @@ class BatchStage(Generic[J, R]):
             record = dlq_record(self.stage, topic, partition, offset, key, value, error)
             await publish_event(self.broker, dlq_topic(topic), record, key=record.event_id)
         self._failures = 0
-        self.stats.batches += 1
-        self.stats.records += len(records)
         await msg.ack()
         metrics.BATCH_SIZE.labels(self.stage).observe(len(records))
         metrics.BATCH_SECONDS.labels(self.stage).observe(time.perf_counter() - started)
@@ -261,7 +251,6 @@ class BatchStage(Generic[J, R]):
             return {}, f"worker pool broke: {exc}"
         wall = time.perf_counter() - started
         ratio = makespan_ratio([busy for _, busy, _ in shares], wall)
-        self.stats.makespan_ratios.append(ratio)
         metrics.MAKESPAN_RATIO.labels(self.stage).observe(ratio)
         metrics.BYTES_READ.labels(self.stage).inc(sum(read for _, _, read in shares))
         done: dict[int, R | Failure] = {}
