@@ -43,7 +43,7 @@ def decode_episode(
     store: ObjectStore,
     uploaded: EpisodeUploaded,
     pipeline_version: str,
-    fetch: Callable[[str, Path], None] | None = None,
+    fetch: Callable[[str, Path], None],
 ) -> EpisodeDecoded:
     """Fetch the raw files, probe by demuxing, and build the decoded event (blocking I/O)."""
     episode = uploaded.episode
@@ -53,7 +53,7 @@ def decode_episode(
             raise PermanentError(
                 ReasonCode.OBJECT_MISSING, f"raw object {episode.video.key} does not exist"
             )
-        (fetch or (lambda key, dest: store.download(key, dest)))(episode.video.key, video)
+        fetch(episode.video.key, video)
         observed = sha256_file(video)
         try:
             probe = probe_container(video)

@@ -85,7 +85,7 @@ class CutEpisode:
 
 
 def cut_episode(
-    store: ObjectStore, job: ShardJob, fetch: Callable[[str, Path], None] | None = None
+    store: ObjectStore, job: ShardJob, fetch: Callable[[str, Path], None]
 ) -> CutEpisode:
     """Remux one accepted episode into clip files in the spool (blocking I/O)."""
     validated = job.validated
@@ -101,7 +101,7 @@ def cut_episode(
     spool = Path(job.spool_dir) / f"{episode.episode_id}-{uuid.uuid4().hex[:8]}"
     spool.mkdir(parents=True)
     video = spool / "source"
-    (fetch or (lambda key, dest: store.download(key, dest)))(episode.video.key, video)
+    fetch(episode.video.key, video)
     imu: np.ndarray | None = None
     if episode.imu is not None:
         store.download(episode.imu.key, spool / "imu.npy")
