@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+from typing import Any
 
 from pydantic import ValidationError
-from sqlalchemy import Executable, case, func, update
+from sqlalchemy import Executable, Table, case, func, update
 from sqlalchemy.dialects.postgresql import insert
 
 from schemas.events import (
@@ -124,6 +125,16 @@ def statements_for(
     raise ValueError(f"metadata does not consume {topic}")
 
 
+def _upsert(table: Table, values: dict[str, Any]) -> Executable:
+    """Insert a row, or on a primary-key conflict overwrite its other given columns."""
+    keys = {column.name for column in table.primary_key.columns}
+    stmt = insert(table).values(**values)
+    return stmt.on_conflict_do_update(
+        index_elements=sorted(keys),
+        set_={k: stmt.excluded[k] for k in values if k not in keys},
+    )
+
+
 def _decode_row(dec: EpisodeDecoded) -> Executable:
     s = dec.streams[dec.primary_stream]
     values = {
@@ -140,11 +151,7 @@ def _decode_row(dec: EpisodeDecoded) -> Executable:
         "keyframe_count": s.keyframe_count,
         "streams": [x.model_dump() for x in dec.streams],
     }
-    stmt = insert(decode_meta).values(**values)
-    return stmt.on_conflict_do_update(
-        index_elements=[decode_meta.c.episode_id, decode_meta.c.pipeline_version],
-        set_={k: stmt.excluded[k] for k in values if k not in ("episode_id", "pipeline_version")},
-    )
+    return _upsert(decode_meta, values)
 
 
 def _verdict_row(val: EpisodeValidated) -> Executable:
@@ -156,11 +163,7 @@ def _verdict_row(val: EpisodeValidated) -> Executable:
         "reasons": [r.model_dump(mode="json") for r in val.reasons],
         "warnings": [w.model_dump(mode="json") for w in val.warnings],
     }
-    stmt = insert(verdicts).values(**values)
-    return stmt.on_conflict_do_update(
-        index_elements=[verdicts.c.episode_id, verdicts.c.pipeline_version],
-        set_={k: stmt.excluded[k] for k in ("event_id", "verdict", "reasons", "warnings")},
-    )
+    return _upsert(verdicts, values)
 
 
 def _shard_rows(event: ShardsWritten, split_key: str, eval_fraction: float) -> list[Executable]:
@@ -186,15 +189,7 @@ def _shard_rows(event: ShardsWritten, split_key: str, eval_fraction: float) -> l
             "shard_key": event.shard_key,
             "pipeline_version": event.pipeline_version,
         }
-        stmt = insert(clips).values(**values)
-        out.append(
-            stmt.on_conflict_do_update(
-                index_elements=[clips.c.clip_key, clips.c.pipeline_version],
-                set_={
-                    k: stmt.excluded[k] for k in values if k not in ("clip_key", "pipeline_version")
-                },
-            )
-        )
+        out.append(_upsert(clips, values))
     return out
 
 
