@@ -20,6 +20,7 @@ ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$"
 EpisodeId = Annotated[str, StringConstraints(pattern=ID_PATTERN)]
 DeviceId = Annotated[str, StringConstraints(pattern=ID_PATTERN)]
 SessionId = Annotated[str, StringConstraints(pattern=ID_PATTERN)]
+Tag = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:=-]{0,63}$")]
 Sha256 = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
 ObjectKey = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9/_.=-]{0,1023}$")]
 
@@ -91,6 +92,11 @@ class EpisodeRef(Model):
     started_at: datetime
     video: SourceFile
     imu: SourceFile | None = None
+    tags: list[Tag] = Field(
+        default_factory=list,
+        max_length=64,
+        description="free labels from the recording (task, site, rig...); manifests filter on them",
+    )
 
 
 class Event(Model):

@@ -466,6 +466,27 @@ def bench_ingest(
     print_json_line(result)
 
 
+@bench_app.command("manifest")
+def bench_manifest(
+    rows: Annotated[int, typer.Option(min=1000, help="clip rows to seed")] = 10_000_000,
+    naive_rows: Annotated[int, typer.Option(min=256, help="rows for the naive walk")] = 5120,
+    keep: Annotated[bool, typer.Option(help="keep the seeded database")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="only the JSON line on stdout")] = False,
+) -> None:
+    """Manifest build and load over N seeded clip rows, vs a file-by-file walk of shard indexes."""
+    from services.bench.manifest import bench_manifest as run
+    from services.common.settings import reset_settings_cache
+    from services.stack.provision import stack_up as bring_up
+
+    del as_json
+    bring_up(get_settings(), log=lambda line: err.print(f"[dim]stack:[/] {line}"))
+    reset_settings_cache()
+    result = run(
+        get_settings(), rows, naive_rows, keep, log=lambda line: err.print(f"[dim]bench:[/] {line}")
+    )
+    print_json_line(result)
+
+
 # --- the demo -----------------------------------------------------------------------------
 @app.command("demo")
 def demo(

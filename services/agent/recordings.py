@@ -1,7 +1,7 @@
 """Finding finished recordings on the device and describing them (ids checked, files hashed).
 
 An episode is a folder holding `episode.json` (episode, device and session ids, start time, the
-video file name and optionally the IMU file name). A folder is ready when:
+video file name, optionally the IMU file name and a list of tags). A folder is ready when:
 - `marker` mode: `episode.json` exists (the recorder writes it last, atomically), or
 - `stable` mode: `episode.json` exists and no file in the folder changed size or mtime for
   `stable_s` seconds (for recorders that write the metadata first).
@@ -164,6 +164,7 @@ def describe(directory: Path) -> LocalEpisode:
             device_id=meta["device_id"],
             session_id=meta["session_id"],
             started_at=started,
+            tags=meta.get("tags", []),
             video=SourceFile(
                 key=raw_key(meta["device_id"], started, meta["episode_id"], video.sha256, ext),
                 sha256=video.sha256,

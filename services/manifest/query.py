@@ -1,8 +1,8 @@
 """Manifest query building: filters -> one parameterised SQL statement (pure).
 
-Filter values are always bound parameters ($1, $2, ...), never SQL text. The ORDER BY makes
-the result order total, so the same data gives the same rows in the same order, and so a
-byte-identical Arrow file.
+Filter values are always bound parameters ($1, $2, ...), never SQL text. The query reads
+`manifest_episodes` (one row per episode, its clips packed) in primary-key order, which makes the
+order total, so the same data gives the same rows in the same order and a byte-identical file.
 """
 
 from __future__ import annotations
@@ -11,44 +11,31 @@ from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict, Field
 
-MANIFEST_FORMAT_VERSION = 1
+from services.manifest.packing import pack_columns_sql
 
-COLUMNS = """
-    c.shard_key,
-    c.mp4_offset AS byte_offset,
-    c.mp4_length AS length,
-    c.imu_offset,
-    c.imu_length,
-    c.json_offset,
-    c.json_length,
-    c.clip_key,
-    c.episode_id,
-    e.device_id,
-    e.session_id,
-    e.started_at,
-    c.clip_index,
-    c.start_s AS clip_start_s,
-    c.duration_s AS clip_duration_s,
-    c.frame_count,
-    e.split,
-    v.verdict,
-    jsonb_array_length(v.warnings) AS warning_count,
-    d.codec,
-    d.width,
-    d.height,
-    d.fps,
-    r.object_key AS raw_key,
-    r.sha256 AS raw_sha256,
-    c.pipeline_version
-"""
+MANIFEST_FORMAT_VERSION = 2
 
-FROM = """
-FROM clips c
-JOIN episodes e ON e.episode_id = c.episode_id
-JOIN verdicts v ON v.episode_id = c.episode_id AND v.pipeline_version = c.pipeline_version
-JOIN decode_meta d ON d.episode_id = c.episode_id AND d.pipeline_version = c.pipeline_version
-JOIN raw_objects r ON r.episode_id = c.episode_id AND r.kind = 'video'
+# Episode-level columns: one row per (pipeline version, episode) of `manifest_episodes`; the
+# build explodes each into its clips (`clip_count`, `shard_keys`, the packed `c_*` columns).
+EPISODE_COLUMNS = """
+    m.episode_id,
+    m.device_id,
+    m.session_id,
+    m.started_at,
+    m.split,
+    m.verdict,
+    m.warning_count,
+    m.codec,
+    m.width,
+    m.height,
+    m.fps,
+    m.raw_key,
+    m.raw_sha256,
+    m.pipeline_version,
+    m.clip_count,
+    m.shard_keys
 """
+COLUMNS = ",\n    ".join([EPISODE_COLUMNS.strip(), *(f"m.{c}" for c, _ in pack_columns_sql())])
 
 
 class ManifestFilter(BaseModel):
@@ -63,8 +50,10 @@ class ManifestFilter(BaseModel):
     splits: list[str] = Field(default_factory=list)
     verdicts: list[str] = Field(default_factory=lambda: ["accept", "accept_with_warnings"])
     max_warnings: int | None = Field(
-        default=None, ge=0, description="min quality: at most N warnings"
+        default=None, ge=0, description="min quality: at most N validation warnings"
     )
+    min_height: int | None = Field(default=None, ge=0, description="min quality: rows >= N px")
+    tags: list[str] = Field(default_factory=list, description="episodes carrying all these tags")
 
 
 def build_query(flt: ManifestFilter) -> tuple[str, list[object]]:
@@ -75,22 +64,26 @@ def build_query(flt: ManifestFilter) -> tuple[str, list[object]]:
         params.append(value)
         return f"${len(params)}"
 
-    where = [f"c.pipeline_version = {bind(flt.pipeline_version)}"]
+    where = [f"m.pipeline_version = {bind(flt.pipeline_version)}"]
     if flt.verdicts:
-        where.append(f"v.verdict = ANY({bind(list(flt.verdicts))}::text[])")
+        where.append(f"m.verdict = ANY({bind(list(flt.verdicts))}::text[])")
     if flt.started_from is not None:
-        where.append(f"e.started_at >= {bind(flt.started_from)}")
+        where.append(f"m.started_at >= {bind(flt.started_from)}")
     if flt.started_before is not None:
-        where.append(f"e.started_at < {bind(flt.started_before)}")
+        where.append(f"m.started_at < {bind(flt.started_before)}")
     if flt.devices:
-        where.append(f"e.device_id = ANY({bind(list(flt.devices))}::text[])")
+        where.append(f"m.device_id = ANY({bind(list(flt.devices))}::text[])")
     if flt.splits:
-        where.append(f"e.split = ANY({bind(list(flt.splits))}::text[])")
+        where.append(f"m.split = ANY({bind(list(flt.splits))}::text[])")
     if flt.max_warnings is not None:
-        where.append(f"jsonb_array_length(v.warnings) <= {bind(flt.max_warnings)}")
+        where.append(f"m.warning_count <= {bind(flt.max_warnings)}")
+    if flt.min_height is not None:
+        where.append(f"m.height >= {bind(flt.min_height)}")
+    if flt.tags:
+        where.append(f"m.tags @> {bind(sorted(set(flt.tags)))}::varchar[]")
     sql = (
-        f"SELECT {COLUMNS.strip()}\n{FROM.strip()}\nWHERE "
+        f"SELECT {COLUMNS}\nFROM manifest_episodes m\nWHERE "
         + "\n  AND ".join(where)
-        + "\nORDER BY c.episode_id, c.clip_index, c.clip_key"
+        + "\nORDER BY m.pipeline_version, m.episode_id"
     )
     return sql, params

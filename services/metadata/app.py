@@ -15,7 +15,7 @@ import random
 from faststream import FastStream
 from faststream.confluent.annotations import KafkaMessage
 from pydantic import ValidationError
-from sqlalchemy import Engine, Executable
+from sqlalchemy import Engine
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, OperationalError
 
@@ -30,7 +30,7 @@ from services.common.stage import (
     publish_event,
     subscriber_options,
 )
-from services.metadata.core import statements_for
+from services.metadata.core import Upserts, refresh_manifest_episodes, statements_for
 from services.metadata.warehouse import make_engine, processed_events
 
 GROUP = "egoline-metadata"
@@ -49,16 +49,17 @@ def apply_batch(
     that could not be applied, by index, with the reason. A record seen before (by event id)
     is skipped. Raises TransientError when the warehouse is unreachable."""
     failures: dict[int, PermanentError] = {}
-    parsed: list[tuple[int, str, str, list[Executable]]] = []
+    parsed: list[tuple[int, str, str, Upserts]] = []
     for i, (topic, body) in enumerate(records):
         try:
-            statements = statements_for(topic, body, settings.split_key, settings.eval_fraction)
-            parsed.append((i, topic, str(json.loads(body)["event_id"]), statements))
+            upserts = statements_for(topic, body, settings.split_key, settings.eval_fraction)
+            parsed.append((i, topic, str(json.loads(body)["event_id"]), upserts))
         except (ValidationError, ValueError, KeyError, TypeError) as exc:
             failures[i] = PermanentError(ReasonCode.MALFORMED_EVENT, str(exc)[:2000])
     try:
         with engine.begin() as conn:
-            for i, topic, event_id, statements in parsed:
+            touched: set[str] = set()
+            for i, topic, event_id, upserts in parsed:
                 savepoint = conn.begin_nested()
                 try:
                     first_time = conn.execute(
@@ -68,12 +69,15 @@ def apply_batch(
                         .returning(processed_events.c.event_id)
                     ).first()
                     if first_time is not None:
-                        for statement in statements:
+                        for statement in upserts.statements:
                             conn.execute(statement)
+                        touched |= upserts.episode_ids
                     savepoint.commit()
                 except (IntegrityError, DataError) as exc:
                     savepoint.rollback()
                     failures[i] = PermanentError(ReasonCode.INTERNAL_ERROR, str(exc)[:2000])
+            if touched:
+                conn.execute(refresh_manifest_episodes(sorted(touched)))
     except OperationalError as exc:
         raise TransientError(f"warehouse unavailable: {exc}") from exc
     except DBAPIError as exc:

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
-from sqlalchemy import Executable, Table, case, func, update
+from sqlalchemy import Executable, Table, TextClause, bindparam, case, func, text, update
 from sqlalchemy.dialects.postgresql import insert
 
 from schemas.events import (
@@ -28,12 +29,14 @@ from schemas.events import (
     ShardsWritten,
     Verdict,
 )
+from services.manifest.packing import pack_columns_sql
 from services.metadata.warehouse import (
     clips,
     dead_letters,
     decode_meta,
     devices,
     episodes,
+    pipeline_versions,
     raw_objects,
     shards,
     verdicts,
@@ -70,6 +73,7 @@ def upsert_episode(
         session_id=ref.session_id,
         started_at=ref.started_at,
         split=assign_split(group, eval_fraction),
+        tags=sorted(set(ref.tags)),
         status=status,
         status_rank=STATUS_RANK[status],
     )
@@ -99,30 +103,138 @@ def upsert_episode(
     return [device, stmt, *raws]
 
 
-def statements_for(
-    topic: str, body: bytes, split_key: str, eval_fraction: float
-) -> list[Executable]:
+@dataclass(frozen=True)
+class Upserts:
+    """What one record does to the warehouse: its statements, and the episodes whose manifest
+    rows must be refreshed after them (`refresh_manifest_episodes`)."""
+
+    statements: list[Executable]
+    episode_ids: frozenset[str] = frozenset()
+
+
+def statements_for(topic: str, body: bytes, split_key: str, eval_fraction: float) -> Upserts:
     """The upserts for one record of `topic` (a stage topic or a DLQ). Raises ValidationError
     or ValueError for a record that isn't a valid event."""
     if topic == TOPIC_UPLOADED:
         up = EpisodeUploaded.model_validate_json(body)
-        return upsert_episode(up.episode, "uploaded", split_key, eval_fraction)
+        return Upserts(
+            [
+                _seen(up.pipeline_version),
+                *upsert_episode(up.episode, "uploaded", split_key, eval_fraction),
+            ],
+            frozenset({up.episode.episode_id}),
+        )
     if topic == TOPIC_DECODED:
         dec = EpisodeDecoded.model_validate_json(body)
-        return [*upsert_episode(dec.episode, "decoded", split_key, eval_fraction), _decode_row(dec)]
+        return Upserts(
+            [
+                _seen(dec.pipeline_version),
+                *upsert_episode(dec.episode, "decoded", split_key, eval_fraction),
+                _decode_row(dec),
+            ],
+            frozenset({dec.episode.episode_id}),
+        )
     if topic == TOPIC_VALIDATED:
         val = EpisodeValidated.model_validate_json(body)
         status = "rejected" if val.verdict is Verdict.REJECT else "validated"
-        return [
-            *upsert_episode(val.decoded.episode, status, split_key, eval_fraction),
-            _decode_row(val.decoded),
-            _verdict_row(val),
-        ]
+        return Upserts(
+            [
+                _seen(val.pipeline_version),
+                *upsert_episode(val.decoded.episode, status, split_key, eval_fraction),
+                _decode_row(val.decoded),
+                _verdict_row(val),
+            ],
+            frozenset({val.decoded.episode.episode_id}),
+        )
     if topic == TOPIC_SHARDS:
-        return _shard_rows(ShardsWritten.model_validate_json(body), split_key, eval_fraction)
+        event = ShardsWritten.model_validate_json(body)
+        return Upserts(
+            [_seen(event.pipeline_version), *_shard_rows(event, split_key, eval_fraction)],
+            frozenset(ref.episode_id for ref in event.episodes),
+        )
     if topic.endswith(".dlq"):
-        return _dead_letter_rows(DlqRecord.model_validate_json(body), split_key, eval_fraction)
+        return Upserts(
+            _dead_letter_rows(DlqRecord.model_validate_json(body), split_key, eval_fraction)
+        )
     raise ValueError(f"metadata does not consume {topic}")
+
+
+def _seen(pipeline_version: str) -> Executable:
+    stmt = insert(pipeline_versions).values(pipeline_version=pipeline_version)
+    return stmt.on_conflict_do_update(
+        index_elements=[pipeline_versions.c.pipeline_version], set_={"last_seen": func.now()}
+    )
+
+
+# Recompute the manifest rows of some episodes from the normalized tables (all pipeline
+# versions). Inner joins: a row appears once its episode has clips, a verdict, a probe and a raw
+# video, whatever order the events came in; recomputing from scratch makes replays converge.
+_REFRESH_SQL = """
+WITH c AS (
+    SELECT clips.*,
+           dense_rank() OVER (
+               PARTITION BY clips.pipeline_version, clips.episode_id ORDER BY clips.shard_key
+           ) - 1 AS shard_no
+    FROM clips
+    {where}
+)
+INSERT INTO manifest_episodes AS m (
+    pipeline_version, episode_id, device_id, session_id, started_at, split, tags, verdict,
+    warning_count, codec, width, height, fps, raw_key, raw_sha256, clip_count, shard_keys,
+    {packed_columns}
+)
+SELECT c.pipeline_version, e.episode_id, e.device_id, e.session_id, e.started_at, e.split,
+       e.tags, v.verdict, jsonb_array_length(v.warnings), d.codec, d.width, d.height, d.fps,
+       r.object_key, r.sha256, count(*)::int,
+       array_agg(DISTINCT c.shard_key ORDER BY c.shard_key),
+       {packed_values}
+FROM c
+JOIN episodes e ON e.episode_id = c.episode_id
+JOIN verdicts v ON v.episode_id = c.episode_id AND v.pipeline_version = c.pipeline_version
+JOIN decode_meta d ON d.episode_id = c.episode_id AND d.pipeline_version = c.pipeline_version
+JOIN raw_objects r ON r.episode_id = c.episode_id AND r.kind = 'video'
+GROUP BY c.pipeline_version, e.episode_id, v.episode_id, v.pipeline_version,
+         d.episode_id, d.pipeline_version, r.object_key
+ON CONFLICT (pipeline_version, episode_id) DO UPDATE SET {updates}
+"""
+_REFRESHED = (
+    "device_id",
+    "session_id",
+    "started_at",
+    "split",
+    "tags",
+    "verdict",
+    "warning_count",
+    "codec",
+    "width",
+    "height",
+    "fps",
+    "raw_key",
+    "raw_sha256",
+    "clip_count",
+    "shard_keys",
+    *(column for column, _ in pack_columns_sql()),
+)
+
+
+def _refresh_sql(where: str) -> str:
+    return _REFRESH_SQL.format(
+        where=where,
+        packed_columns=", ".join(column for column, _ in pack_columns_sql()),
+        packed_values=",\n       ".join(aggregate for _, aggregate in pack_columns_sql()),
+        updates=", ".join(f"{col} = excluded.{col}" for col in _REFRESHED),
+    )
+
+
+def refresh_manifest_episodes(episode_ids: list[str]) -> TextClause:
+    """The statement that recomputes `manifest_episodes` for these episodes."""
+    sql = _refresh_sql("WHERE clips.episode_id = ANY(:episode_ids)")
+    return text(sql).bindparams(bindparam("episode_ids", value=sorted(episode_ids)))
+
+
+def refresh_all_manifest_episodes() -> TextClause:
+    """The same, for every episode (migrations and bulk loads)."""
+    return text(_refresh_sql(""))
 
 
 def _upsert(table: Table, values: dict[str, Any]) -> Executable:

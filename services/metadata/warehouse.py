@@ -22,9 +22,11 @@ from sqlalchemy import (
     create_engine,
     func,
 )
-from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.dialects.postgresql import ARRAY, BYTEA, JSONB
 
 from services.common.settings import Settings
+from services.manifest.packing import FIELDS as PACKED_FIELDS
+from services.manifest.packing import column_name
 
 metadata = MetaData()
 
@@ -45,11 +47,21 @@ episodes = Table(
     Column("session_id", String(128), nullable=False),
     Column("started_at", DateTime(timezone=True), nullable=False),
     Column("split", String(16), nullable=False),
+    Column("tags", ARRAY(String(64)), nullable=False, server_default="{}"),
     Column("status", String(32), nullable=False),
     Column("status_rank", Integer, nullable=False),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Index("ix_episodes_device", "device_id"),
     Index("ix_episodes_started", "started_at"),
+    Index("ix_episodes_session", "session_id"),
+)
+
+pipeline_versions = Table(
+    "pipeline_versions",
+    metadata,
+    Column("pipeline_version", String(64), primary_key=True),
+    Column("first_seen", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("last_seen", DateTime(timezone=True), nullable=False, server_default=func.now()),
 )
 
 raw_objects = Table(
@@ -121,6 +133,38 @@ clips = Table(
     Column("json_offset", BigInteger, nullable=False),
     Column("json_length", BigInteger, nullable=False),
     Index("ix_clips_episode", "episode_id"),
+    Index("ix_clips_shard", "shard_key"),
+)
+
+# What a manifest reads: one row per (pipeline version, episode) with clips, holding the
+# episode's facts joined once and its clips packed, one bytea per clip field
+# (services/manifest/packing.py). Derived from the tables above by the metadata service in the
+# same transaction as the events that touch it, so it is never ahead of or behind them; a
+# manifest is then one index-ordered scan of this table, not a five-way join over clips.
+manifest_episodes = Table(
+    "manifest_episodes",
+    metadata,
+    Column("pipeline_version", String(64), primary_key=True),
+    Column("episode_id", String(128), ForeignKey("episodes.episode_id"), primary_key=True),
+    Column("device_id", String(128), nullable=False),
+    Column("session_id", String(128), nullable=False),
+    Column("started_at", DateTime(timezone=True), nullable=False),
+    Column("split", String(16), nullable=False),
+    Column("tags", ARRAY(String(64)), nullable=False),
+    Column("verdict", String(32), nullable=False),
+    Column("warning_count", Integer, nullable=False),
+    Column("codec", String(32), nullable=False),
+    Column("width", Integer, nullable=False),
+    Column("height", Integer, nullable=False),
+    Column("fps", Float, nullable=False),
+    Column("raw_key", String(1024), nullable=False),
+    Column("raw_sha256", String(64), nullable=False),
+    Column("clip_count", Integer, nullable=False),
+    Column("shard_keys", ARRAY(String(1024)), nullable=False),
+    *(Column(column_name(field), BYTEA, nullable=False) for field, *_ in PACKED_FIELDS),
+    Index("ix_manifest_episodes_started", "pipeline_version", "started_at"),
+    Index("ix_manifest_episodes_device", "pipeline_version", "device_id"),
+    Index("ix_manifest_episodes_tags", "tags", postgresql_using="gin"),
 )
 
 dead_letters = Table(
@@ -151,6 +195,7 @@ manifests = Table(
     Column("query", Text, nullable=False),
     Column("params", JSONB, nullable=False),
     Column("row_count", BigInteger, nullable=False),
+    Column("size_bytes", BigInteger, nullable=False),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
 )
 

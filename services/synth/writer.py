@@ -143,6 +143,7 @@ def write_episode(spec: EpisodeSpec, out_dir: Path) -> Path:
         "frames": frames,
         "video": video.name,
         "imu": "imu.npy",
+        "tags": ["synthetic", f"codec={spec.codec}"],
         "synthetic": {k: str(v) for k, v in asdict(spec).items()},
     }
     tmp = directory / (MARKER + ".tmp")
@@ -228,6 +229,7 @@ def write_from_templates(
                 "frames": frames,
                 "video": "video.mp4",
                 "imu": "imu.npy",
+                "tags": ["synthetic", "codec=h264"],
                 "synthetic": {"template": i % templates, "duration_s": whole_seconds},
             }
             tmp_marker = directory / (MARKER + ".tmp")

@@ -39,14 +39,16 @@ def test_uploaded_event_becomes_device_episode_and_raw_object_upserts() -> None:
             video=SourceFile(key="raw/dev1/v.mp4", sha256="a" * 64, size_bytes=1),
         ),
     )
-    statements = statements_for(TOPIC_UPLOADED, event.model_dump_json().encode(), "session", 0.1)
+    upserts = statements_for(TOPIC_UPLOADED, event.model_dump_json().encode(), "session", 0.1)
     dialect = postgresql.dialect()  # type: ignore[no-untyped-call]
-    sql = [str(cast(ClauseElement, s).compile(dialect=dialect)) for s in statements]
-    assert sql[0].startswith("INSERT INTO devices") and "ON CONFLICT DO NOTHING" in sql[0]
+    sql = [str(cast(ClauseElement, s).compile(dialect=dialect)) for s in upserts.statements]
+    assert sql[0].startswith("INSERT INTO pipeline_versions")
+    assert sql[1].startswith("INSERT INTO devices") and "ON CONFLICT DO NOTHING" in sql[1]
     assert (
-        sql[1].startswith("INSERT INTO episodes") and "ON CONFLICT (episode_id) DO UPDATE" in sql[1]
+        sql[2].startswith("INSERT INTO episodes") and "ON CONFLICT (episode_id) DO UPDATE" in sql[2]
     )
-    assert sql[2].startswith("INSERT INTO raw_objects")
+    assert sql[3].startswith("INSERT INTO raw_objects")
+    assert upserts.episode_ids == {"ep1"}
 
 
 def test_malformed_record_raises() -> None:

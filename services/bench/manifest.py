@@ -1,0 +1,252 @@
+"""`egoline bench manifest`: build and load a manifest over a large warehouse, vs a file walk.
+
+In one run, on the configured Postgres and object store (the embedded stack by default):
+1. seed a separate database (`<db>_bench_manifest`, migrated like the real one) with N clip rows
+   by bulk SQL (`generate_series`) into the normalized tables, then fill `manifest_episodes`
+   with the metadata service's own refresh statement (not timed);
+2. the build: `build_manifest` (one query through ADBC, explode, Arrow IPC write + sha256),
+   timed; publishing the file to the object store is timed separately (`publish_s`);
+3. the load: `load_manifest` (memory map) timed, with the process's RSS before and after;
+4. the naive approach on a smaller corpus in the same run: real shard tars and shard indexes in
+   the object store, walked file by file (list, GET each index, a ranged GET of one clip's
+   `.json` per episode for the episode's facts), scaled per row.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import psutil
+import psycopg
+import pyarrow.compute as pc
+from psycopg import sql
+
+from services.common.objectstore import ObjectStore, object_store
+from services.common.settings import Settings
+from services.manifest.build import build_manifest
+from services.manifest.load import load_manifest
+from services.manifest.query import ManifestFilter
+from services.metadata.core import refresh_all_manifest_episodes
+from services.metadata.warehouse import make_engine, upgrade
+from services.shard.core import Member, build_tar
+
+CLIPS_PER_EPISODE = 10
+EPISODES_PER_SESSION = 4
+CLIPS_PER_SHARD = 256
+DEVICES = 500
+SEED_SQL = Path(__file__).with_name("manifest_seed.sql")
+
+Log = Callable[[str], None]
+
+
+@contextlib.contextmanager
+def bench_database(settings: Settings, keep: bool) -> Iterator[Settings]:
+    """A fresh, migrated database beside the warehouse, dropped afterwards unless `keep`."""
+    base, _, current = settings.database_libpq_url.rpartition("/")
+    name = current.split("?")[0] + "_bench_manifest"
+    admin, url = f"{base}/postgres", f"{base}/{name}"
+    drop = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(drop)
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    bench = settings.model_copy(update={"database_url": url})
+    try:
+        upgrade(bench)
+        yield bench
+    finally:
+        if not keep:
+            with psycopg.connect(admin, autocommit=True) as conn:
+                conn.execute(drop)
+
+
+def seed_steps() -> list[tuple[str, str]]:
+    """(label, statement) of the bulk load, from `manifest_seed.sql`."""
+    steps: list[tuple[str, str]] = []
+    for block in SEED_SQL.read_text().split("-- step: ")[1:]:
+        label, _, statement = block.partition("\n")
+        steps.append((label.strip(), statement.strip().rstrip(";")))
+    return steps
+
+
+def seed_parameters(rows: int) -> dict[str, int]:
+    """Geometry: 10 clips an episode, 4 episodes a session, 256 clips a shard, 500 devices."""
+    return {
+        "rows": rows,
+        "episodes": max(1, rows // CLIPS_PER_EPISODE),
+        "shards": max(1, -(-rows // CLIPS_PER_SHARD)),
+        "devices": DEVICES,
+        "per_episode": CLIPS_PER_EPISODE,
+        "per_session": EPISODES_PER_SESSION,
+        "per_shard": CLIPS_PER_SHARD,
+    }
+
+
+def seed(settings: Settings, rows: int, log: Log) -> None:
+    """Bulk-load `rows` clips shaped like the pipeline's own (ids, raw keys, content-addressed
+    shard keys, sha256s), then fill `manifest_episodes` with the metadata service's statement."""
+    params = seed_parameters(rows)
+    with psycopg.connect(settings.database_libpq_url, autocommit=True) as conn:
+        with contextlib.suppress(psycopg.Error):
+            # Skip per-row foreign-key triggers for the bulk load where the role may do so.
+            conn.execute("SET session_replication_role = replica")
+        for label, statement in seed_steps():
+            started = time.perf_counter()
+            conn.execute(statement.encode(), params)
+            log(f"seeded {label} in {time.perf_counter() - started:.1f} s")
+        started = time.perf_counter()
+        conn.execute(str(refresh_all_manifest_episodes()).encode())
+        log(f"manifest_episodes filled in {time.perf_counter() - started:.1f} s")
+        conn.execute("VACUUM ANALYZE")
+
+
+def _rss_mb() -> float:
+    return float(psutil.Process().memory_info().rss) / 2**20
+
+
+def _naive_corpus(store: ObjectStore, prefix: str, rows: int) -> None:
+    """Shard tars and indexes shaped like the shard stage's (the video payloads are 4 KiB
+    stand-ins: the walk never reads them), for `rows` clips."""
+    clips = [(f"ep{i // CLIPS_PER_EPISODE:09d}", i % CLIPS_PER_EPISODE) for i in range(rows)]
+
+    def one(shard: int) -> None:
+        chunk = clips[shard * CLIPS_PER_SHARD : (shard + 1) * CLIPS_PER_SHARD]
+        members: list[Member] = []
+        for episode, clip_index in chunk:
+            key = f"{episode}_{clip_index:05d}"
+            meta = {
+                "clip_key": key,
+                "episode_id": episode,
+                "device_id": f"dev{int(episode[2:]) % DEVICES:05d}",
+                "session_id": f"sess{int(episode[2:]) // EPISODES_PER_SESSION:09d}",
+                "clip_index": clip_index,
+                "start_s": clip_index * 10.0,
+                "duration_s": 10.0,
+                "frame_count": 300,
+                "codec": "h264",
+                "width": 1280,
+                "height": 720,
+                "fps": 30.0,
+                "raw_key": f"raw/x/{episode}.mp4",
+                "raw_sha256": "0" * 64,
+                "pipeline_version": "v1",
+            }
+            members += [
+                Member(f"{key}.mp4", bytes(4096)),
+                Member(f"{key}.json", json.dumps(meta, sort_keys=True).encode()),
+            ]
+        tar, spans = build_tar(members)
+        by_name = {s.name: s for s in spans}
+        shard_key = f"{prefix}/{shard:06d}.tar"
+        index: dict[str, Any] = {
+            "format": "egoline-shard-index",
+            "shard_key": shard_key,
+            "members": [{"name": s.name, "offset": s.offset, "length": s.length} for s in spans],
+            "clips": [
+                {
+                    "clip_key": f"{e}_{i:05d}",
+                    "episode_id": e,
+                    "clip_index": i,
+                    "mp4_offset": by_name[f"{e}_{i:05d}.mp4"].offset,
+                    "mp4_length": by_name[f"{e}_{i:05d}.mp4"].length,
+                    "json_offset": by_name[f"{e}_{i:05d}.json"].offset,
+                    "json_length": by_name[f"{e}_{i:05d}.json"].length,
+                }
+                for e, i in chunk
+            ],
+        }
+        store.put_bytes(shard_key, tar, "application/x-tar")
+        store.put_bytes(f"{prefix}/{shard:06d}.index.json", json.dumps(index).encode())
+
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(one, range(-(-rows // CLIPS_PER_SHARD))))
+
+
+def naive_walk(store: ObjectStore, prefix: str) -> list[dict[str, Any]]:
+    """The file-by-file manifest: list the shard indexes, read each, and read one clip's
+    metadata member per episode for the episode's facts (device, session, raw object...)."""
+    rows: list[dict[str, Any]] = []
+    for key in sorted(store.list_keys(prefix)):
+        if not key.endswith(".index.json"):
+            continue
+        index = json.loads(store.get_bytes(key))
+        facts: dict[str, dict[str, Any]] = {}
+        for clip in index["clips"]:
+            episode = clip["episode_id"]
+            if episode not in facts:
+                meta = store.get_range(index["shard_key"], clip["json_offset"], clip["json_length"])
+                facts[episode] = json.loads(meta)
+            rows.append({**facts[episode], **clip, "shard_key": index["shard_key"]})
+    rows.sort(key=lambda r: (r["episode_id"], r["clip_index"]))
+    return rows
+
+
+def bench_manifest(
+    settings: Settings, rows: int, naive_rows: int, keep: bool, log: Log
+) -> dict[str, Any]:
+    store = object_store(settings)
+    out_dir = Path(tempfile.mkdtemp(prefix="egoline-bench-manifest-"))
+    try:
+        with bench_database(settings, keep) as bench:
+            log(f"seeding {rows:,} clip rows (not timed)")
+            seed(bench, rows, log)
+            engine = make_engine(bench)
+            flt = ManifestFilter(verdicts=[])  # every clip: the timed build returns `rows`
+            log("building the manifest")
+            built = build_manifest(bench.database_libpq_url, engine, store, flt, out_dir)
+            again = build_manifest(bench.database_libpq_url, engine, store, flt, out_dir / "2")
+            engine.dispose()
+        build_s = built.query_s + built.explode_s + built.write_s
+
+        log("loading it (memory map)")
+        rss_before = _rss_mb()
+        started = time.perf_counter()
+        table = load_manifest(built.local_path)
+        load_s = time.perf_counter() - started
+        rss_delta = _rss_mb() - rss_before
+        started = time.perf_counter()
+        total_bytes = pc.sum(table.column("length")).as_py()
+        scan_s = time.perf_counter() - started
+        assert table.num_rows == built.rows
+
+        log(f"naive: walking {naive_rows:,} rows of shard indexes file by file")
+        prefix = f"bench/manifest/{uuid.uuid4().hex}"
+        _naive_corpus(store, prefix, naive_rows)
+        started = time.perf_counter()
+        walked = naive_walk(store, prefix)
+        naive_s = time.perf_counter() - started
+        for key in [*store.list_keys(prefix), built.object_key]:
+            store.delete(key)
+        assert len(walked) == naive_rows
+        rows_per_s = built.rows / build_s
+        naive_rows_per_s = naive_rows / naive_s
+        return {
+            "rows": built.rows,
+            "episodes": built.rows // CLIPS_PER_EPISODE,
+            "build_s": round(build_s, 3),
+            "rows_per_s": round(rows_per_s),
+            "query_s": round(built.query_s, 3),
+            "explode_s": round(built.explode_s, 3),
+            "write_s": round(built.write_s, 3),
+            "publish_s": round(built.publish_s, 3),
+            "file_mb": round(built.size_bytes / 2**20, 1),
+            "byte_identical_rebuild": again.manifest_id == built.manifest_id,
+            "load_s": round(load_s, 4),
+            "rss_delta_mb": round(rss_delta, 1),
+            "scan_length_column_s": round(scan_s, 4),
+            "clip_bytes_total": total_bytes,
+            "naive_rows": naive_rows,
+            "naive_s": round(naive_s, 3),
+            "naive_rows_per_s": round(naive_rows_per_s),
+            "speedup_vs_naive": round(rows_per_s / naive_rows_per_s, 1),
+        }
+    finally:
+        shutil.rmtree(out_dir, ignore_errors=True)
