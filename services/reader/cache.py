@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
+from typing import BinaryIO
 
 from services.common.localcache import LocalCache
 from services.common.objectstore import ObjectStore
@@ -30,18 +31,21 @@ class ClipCache:
         self.cache = cache
         self.store = store
 
+    def open(self, span: ClipSpan) -> BinaryIO:
+        """An open file holding exactly the span's bytes, from local disk when cached (the
+        caller closes it; an eviction meanwhile doesn't disturb it)."""
+        return self.cache.open(
+            span_entry_name(span), lambda path: self._download(span, path), span.length
+        )
+
     def read(self, span: ClipSpan) -> bytes:
         """The span's bytes, from local disk when cached."""
-        with self.cache.open(
-            span_entry_name(span), lambda path: self._download(span, path), span.length
-        ) as handle:
+        with self.open(span) as handle:
             return handle.read()
 
     def ensure(self, span: ClipSpan) -> None:
         """Make sure the span is on local disk (prefetch, `egoline cache warm`)."""
-        self.cache.open(
-            span_entry_name(span), lambda path: self._download(span, path), span.length
-        ).close()
+        self.open(span).close()
 
     def _download(self, span: ClipSpan, path: Path) -> None:
         path.write_bytes(self.store.get_range(span.shard_key, span.offset, span.length))

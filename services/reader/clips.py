@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import io
 import json
+import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 from numpy.typing import NDArray
@@ -60,19 +61,35 @@ def clip_span(row: dict[str, Any]) -> ClipSpan:
     return ClipSpan(str(row["shard_key"]), start, end - start)
 
 
-def split_clip(data: bytes, row: dict[str, Any]) -> Clip:
-    """Cut a clip's span bytes (as `clip_span(row)` names them) into its members."""
+def split_clip(source: bytes | BinaryIO, row: dict[str, Any]) -> Clip:
+    """Cut a clip's span (as `clip_span(row)` names it: its bytes, or a file holding exactly
+    them) into its members. From a file each member is read straight into its own buffer, so
+    the MP4 bytes are copied once, as a plain file read would."""
     span = clip_span(row)
-    if len(data) != span.length:
-        raise ValueError(f"span of {row.get('clip_key')} is {len(data)} bytes, not {span.length}")
-    view = memoryview(data)
+    if isinstance(source, bytes | bytearray):
+        size = len(source)
+        view = memoryview(source)
+
+        def read_at(begin: int, length: int) -> bytes:
+            return bytes(view[begin : begin + length])
+    else:
+        size = os.fstat(source.fileno()).st_size
+
+        def read_at(begin: int, length: int) -> bytes:
+            source.seek(begin)
+            return source.read(length)
+
+    if size != span.length:
+        raise ValueError(f"span of {row.get('clip_key')} is {size} bytes, not {span.length}")
 
     def member(offset_column: str, length_column: str) -> bytes | None:
         offset, length = row.get(offset_column), row.get(length_column)
         if offset is None or not length:
             return None
-        begin = int(offset) - span.offset
-        return bytes(view[begin : begin + int(length)])
+        data = read_at(int(offset) - span.offset, int(length))
+        if len(data) != int(length):
+            raise ValueError(f"short read of {row.get('clip_key')} {offset_column}")
+        return data
 
     mp4 = member("byte_offset", "length")
     if mp4 is None:

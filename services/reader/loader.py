@@ -147,7 +147,8 @@ class ClipLoader:
     def read(self, index: int) -> Clip:
         """Row `index`'s clip (frames decoded when the loader was built with `decode=True`)."""
         row = self.row(index)
-        clip = split_clip(self.cache.read(clip_span(row)), row)
+        with self.cache.open(clip_span(row)) as handle:
+            clip = split_clip(handle, row)
         if not self.decode:
             return clip
         from services.media.av_io import decode_frames  # PyAV only when frames are wanted
