@@ -44,8 +44,10 @@ class ClipCache:
             return handle.read()
 
     def ensure(self, span: ClipSpan) -> None:
-        """Make sure the span is on local disk (prefetch, `egoline cache warm`)."""
-        self.open(span).close()
+        """Make sure the span is on local disk (prefetch, `egoline cache warm`). An entry
+        already there is left alone and not counted as a hit: hits count reads."""
+        if not self.cache.contains(span_entry_name(span)):
+            self.open(span).close()
 
     def _download(self, span: ClipSpan, path: Path) -> None:
         path.write_bytes(self.store.get_range(span.shard_key, span.offset, span.length))
