@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import hashlib
 import multiprocessing
 import os
 import subprocess
 import sys
-import uuid
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,51 +16,13 @@ from services.common.objectstore import object_store
 from services.common.settings import Settings
 from services.manifest.load import load_manifest
 from services.reader.cache import ClipCache
-from services.reader.clips import Clip, clip_span, read_clip
+from services.reader.clips import Clip, clip_span
 from services.reader.loader import ClipLoader, open_reader
 from services.reader.order import reader_part, resume_position
-from services.synth.shards import encode_clip_templates, write_synthetic_corpus
+from tests.fixtures.reader import Corpus, clip_digest
 
 pytestmark = pytest.mark.connected
 MB = 1024 * 1024
-
-
-@dataclass(frozen=True)
-class Corpus:
-    manifest: Path
-    manifest_key: str
-    rows: list[dict[str, Any]]
-    digests: dict[str, str]  # clip_key -> sha256 of the clip read directly from S3, no cache
-    span_bytes: int
-
-
-def clip_digest(clip: Clip) -> str:
-    digest = hashlib.sha256(clip.mp4)
-    if clip.imu is not None:
-        digest.update(clip.imu.tobytes())
-    digest.update(repr(sorted(clip.meta.items())).encode())
-    return digest.hexdigest()
-
-
-@pytest.fixture(scope="module")
-def corpus(stack: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Corpus]:
-    """About 30 real clips (320x240, 1 s) in 3 shards, written straight into S3."""
-    work = tmp_path_factory.mktemp("corpus")
-    templates = encode_clip_templates(work / "templates", 3, 1, 320, 240, seed=5)
-    clip_size = max(len(t.mp4) for t in templates) + 1024
-    store = object_store(stack)
-    version = f"readertest-{uuid.uuid4().hex[:8]}"
-    manifest = write_synthetic_corpus(
-        store, templates, 30 * clip_size, 10 * clip_size, work / "scratch",
-        work / "manifest.arrow", pipeline_version=version,
-    )  # fmt: skip
-    key = f"manifests/{version}.arrow"
-    store.put_file(key, manifest)
-    rows = load_manifest(manifest).to_pylist()
-    digests = {str(r["clip_key"]): clip_digest(read_clip(store, r)) for r in rows}
-    yield Corpus(manifest, key, rows, digests, sum(clip_span(r).length for r in rows))
-    for k in [*store.list_keys(f"shards/{version}/"), key]:
-        store.delete(k)
 
 
 def _reader(stack: Settings, corpus: Corpus, cache_dir: Path, cap: int = 1 << 30) -> ClipLoader:
