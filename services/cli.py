@@ -27,11 +27,13 @@ schemas_app = typer.Typer(help="Event schemas", no_args_is_help=True)
 db_app = typer.Typer(help="The Postgres warehouse", no_args_is_help=True)
 manifest_app = typer.Typer(help="Manifests: build, inspect", no_args_is_help=True)
 agent_app = typer.Typer(help="The device upload agent", no_args_is_help=True)
+cache_app = typer.Typer(help="The training node's clip cache", no_args_is_help=True)
 app.add_typer(stack_app, name="stack")
 app.add_typer(schemas_app, name="schemas")
 app.add_typer(db_app, name="db")
 app.add_typer(manifest_app, name="manifest")
 app.add_typer(agent_app, name="agent")
+app.add_typer(cache_app, name="cache")
 
 err = Console(stderr=True)
 
@@ -357,6 +359,55 @@ def manifest_inspect(path: Path, rows: int = 5) -> None:
     print_json_line({"rows": table.num_rows, "columns": table.column_names})
 
 
+# --- the training node's clip cache -------------------------------------------------------
+@cache_app.command("stats")
+def cache_stats() -> None:
+    """Entries and bytes in the node cache (`EGOLINE_READER_CACHE_DIR`) against its cap."""
+    from dataclasses import asdict
+
+    from services.common.localcache import LocalCache
+
+    settings = get_settings()
+    cache = LocalCache(settings.reader_cache_dir, settings.reader_cache_mb * 1024 * 1024, "clips")
+    usage = cache.usage()
+    err.print(
+        f"{settings.reader_cache_dir}: {usage.entries} entries, "
+        f"{usage.bytes / 2**20:.1f} of {usage.cap_bytes / 2**20:.0f} MiB"
+    )
+    print_json_line({"directory": str(settings.reader_cache_dir), **asdict(usage)})
+
+
+@cache_app.command("clear")
+def cache_clear() -> None:
+    """Remove every entry of the node cache (readers holding one open keep reading it)."""
+    from services.common.localcache import LocalCache
+
+    settings = get_settings()
+    cache = LocalCache(settings.reader_cache_dir, settings.reader_cache_mb * 1024 * 1024, "clips")
+    print_json_line({"directory": str(settings.reader_cache_dir), "removed": cache.clear()})
+
+
+@cache_app.command("warm")
+def cache_warm(
+    manifest: Annotated[str, typer.Argument(help="manifest file, or its manifests/... key")],
+    epoch: Annotated[int, typer.Option(help="warm in this epoch's read order")] = 0,
+    seed: int = 0,
+    part: Annotated[int, typer.Option(help="only this reader's share (rank-major part)")] = 0,
+    parts: Annotated[int, typer.Option(min=1, help="how many readers share the epoch")] = 1,
+) -> None:
+    """Fetch a manifest's clips (or one reader's share) into the node cache, in read order."""
+    from rich.progress import track
+
+    from services.reader.clips import clip_span
+    from services.reader.loader import open_reader
+
+    reader = open_reader(manifest, seed=seed, prefetch=0)
+    rows = reader.order(epoch, 0, part, parts)
+    for index in track(rows, description="warm", console=err):
+        reader.cache.ensure(clip_span(reader.row(int(index))))
+    print_json_line({"clips": len(rows), **reader.stats()})
+
+
 # --- lag ---------------------------------------------------------------------------------
 @app.command("lag")
 def lag(
@@ -433,6 +484,32 @@ def bench_upload(
 
     del as_json  # the JSON line is always last on stdout; progress goes to stderr
     print_json_line(run(get_settings(), mb, log=lambda line: err.print(f"[dim]bench:[/] {line}")))
+
+
+@bench_app.command("cache")
+def bench_cache(
+    mb: Annotated[int, typer.Option(min=16, help="MiB of clips to read cold and warm")] = 2048,
+    shard_mb: Annotated[
+        int, typer.Option(min=1, help="shard size (moto copies a whole object per ranged GET)")
+    ] = 64,
+    as_json: Annotated[bool, typer.Option("--json", help="only the JSON line on stdout")] = False,
+) -> None:
+    """The clip reader cold (ranged GETs from S3) vs warm (node cache) vs plain disk reads."""
+    from services.bench.cache import bench_cache as run
+    from services.common.settings import reset_settings_cache
+    from services.stack.provision import stack_up as bring_up
+
+    del as_json
+    bring_up(get_settings(), log=lambda line: err.print(f"[dim]stack:[/] {line}"))
+    reset_settings_cache()
+    result = run(
+        get_settings(),
+        mb,
+        shard_mb,
+        log=lambda line: err.print(f"[dim]bench:[/] {line}"),
+        console=err,
+    )
+    print_json_line(result)
 
 
 @bench_app.command("ingest")

@@ -2,62 +2,40 @@
 
 Raw objects are immutable (their key holds their sha256 and is never overwritten), so any
 process may serve them from local disk. Decode, validate and shard each need the raw video; on
-one node the cache makes that one GET instead of three. Fills are atomic (download to a
-temporary name, rename); consumers get a hard link (no copy); eviction removes the least
-recently used entries beyond the size cap. Without a configured directory it is a plain GET.
+one node the cache makes that one GET instead of three. The cache itself (atomic fills, one
+fetch per missing object across processes, LRU cap) is `services.common.localcache`, shared
+with the training reader; consumers get a hard link to the entry (no copy). Without a
+configured directory it is a plain GET.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 import shutil
-import uuid
 from pathlib import Path
 
+from services.common.localcache import LocalCache
 from services.common.objectstore import ObjectStore
 
 
 class RawCache:
     def __init__(self, directory: Path, cap_bytes: int) -> None:
-        self.directory = directory
-        self.cap_bytes = cap_bytes
-        directory.mkdir(parents=True, exist_ok=True)
+        self.cache = LocalCache(directory, cap_bytes, label="raw")
+
+    @property
+    def directory(self) -> Path:
+        return self.cache.directory
 
     def fetch(self, store: ObjectStore, key: str, dest: Path) -> None:
         """Put object `key` at `dest`, from the cache when present, filling it otherwise."""
-        cached = self.directory / hashlib.sha256(key.encode()).hexdigest()
-        if not cached.exists():
-            partial = self.directory / f".{cached.name}.{uuid.uuid4().hex}.part"
+        name = hashlib.sha256(key.encode()).hexdigest()
+        with self.cache.open(name, lambda path: store.download(key, path)) as handle:
             try:
-                store.download(key, partial)
-                os.replace(partial, cached)
-            finally:
-                partial.unlink(missing_ok=True)
-            self._evict(keep=cached)
-        with contextlib.suppress(OSError):
-            os.utime(cached)  # recency for LRU
-        try:
-            os.link(cached, dest)
-        except OSError:
-            shutil.copyfile(cached, dest)
-
-    def _evict(self, keep: Path) -> None:
-        entries = []
-        for path in self.directory.iterdir():
-            if path.name.startswith("."):
-                continue
-            with contextlib.suppress(FileNotFoundError):
-                st = path.stat()
-                entries.append((st.st_mtime, st.st_size, path))
-        total = sum(size for _, size, _ in entries)
-        for _, size, path in sorted(entries):
-            if total <= self.cap_bytes:
-                break
-            if path != keep:
-                path.unlink(missing_ok=True)
-                total -= size
+                os.link(self.directory / name, dest)
+            except OSError:  # evicted meanwhile, or another filesystem: copy the open file
+                with dest.open("wb") as out:
+                    shutil.copyfileobj(handle, out, 8 << 20)
 
 
 def fetch_raw(store: ObjectStore, cache: RawCache | None, key: str, dest: Path) -> None:

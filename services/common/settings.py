@@ -88,6 +88,18 @@ class Settings(BaseSettings):
     )
     raw_cache_mb: int = Field(default=8192, ge=1)
 
+    # --- training read path ----------------------------------------------------------------
+    reader_cache_dir: Path = Field(
+        default=Path(".stack/cache/clips"), description="node-local cache of clip spans"
+    )
+    reader_cache_mb: int = Field(default=20480, ge=1, description="clip cache size cap")
+    reader_prefetch_clips: int = Field(
+        default=16, ge=0, le=4096, description="clips fetched ahead of the reader (0: off)"
+    )
+    reader_shuffle_buffer: int = Field(
+        default=256, ge=0, description="clips mix within a window this wide (0/1: shard order)"
+    )
+
     # --- device upload agent --------------------------------------------------------------
     agent_state_dir: Path = Field(default=Path(".stack/agent"), description="journal location")
     agent_part_size_mb: int = Field(default=16, ge=5, le=5120, description="multipart part size")
