@@ -103,8 +103,9 @@ class LagService:
                 self.monitor.observe(reader.read(self.groups))
                 self.last_ok, self.error = time.time(), None
             except Exception as exc:  # the broker is down: report UNKNOWN, keep polling
-                log.warning("lag reading failed: %s", exc)
-                self.error = str(exc)[:300]
+                # name the exception: a timed-out admin request's message is empty
+                self.error = f"{type(exc).__name__}: {exc}".removesuffix(": ")[:300]
+                log.warning("lag reading failed: %s", self.error)
             # evaluate on a timer, not only on commits: a dead consumer's status moves to STOP
             report = self.monitor.report(time.time())
             if self.error is not None:
