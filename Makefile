@@ -5,8 +5,11 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 EPISODES ?= 20
+# The lag page test drives Debian's Chromium with Playwright (no browser download).
+CHROMIUM := /usr/bin/chromium
+SUDO     := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: venv demo test lint typecheck unit integration stack-up stack-down schemas clean
+.PHONY: venv demo test lint typecheck unit integration lag-page-png stack-up stack-down schemas clean
 
 venv: $(STAMP)
 
@@ -14,6 +17,10 @@ $(STAMP): pyproject.toml requirements.lock
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -c requirements.lock -e '.[dev]'
 	touch $(STAMP)
+
+$(CHROMIUM):
+	$(SUDO) apt-get update -qq
+	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium
 
 demo: $(STAMP)
 	$(BIN)/egoline demo --episodes $(EPISODES)
@@ -25,14 +32,19 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-test: lint typecheck
+test: lint typecheck $(CHROMIUM)
 	$(BIN)/pytest
 
 unit: $(STAMP)
 	$(BIN)/pytest tests/unit
 
-integration: $(STAMP)
+integration: $(STAMP) $(CHROMIUM)
 	$(BIN)/pytest tests/integration
+
+# Regenerate docs/lag-page.png (after test_lag.py, so the pipeline's groups have offsets to show).
+lag-page-png: $(STAMP) $(CHROMIUM)
+	$(BIN)/pytest tests/integration/test_lag.py tests/integration/test_lag_page.py \
+		--lag-page-png docs/lag-page.png
 
 stack-up: $(STAMP)
 	$(BIN)/egoline stack up

@@ -101,8 +101,13 @@ SERVE_STAGES = ("decode", "validate", "shard", "metadata", "lag")
 @app.command("serve")
 def serve(
     stage: Annotated[str, typer.Argument(help="decode | validate | shard | metadata | lag")],
+    group: Annotated[
+        list[str] | None,
+        typer.Option(help="lag only: more consumer groups to watch besides the pipeline's"),
+    ] = None,
 ) -> None:
-    """Run one pipeline service (its own consumer group) until SIGTERM/SIGINT."""
+    """Run one pipeline service (its own consumer group) until SIGTERM/SIGINT; it serves
+    /metrics, /healthz and /readyz on EGOLINE_METRICS_PORT (docs/metrics.md)."""
     import asyncio
     import logging
     import random
@@ -112,6 +117,8 @@ def serve(
 
     if stage not in SERVE_STAGES:
         raise typer.BadParameter(f"unknown stage {stage!r}; one of {', '.join(SERVE_STAGES)}")
+    if group and stage != "lag":
+        raise typer.BadParameter("--group applies to `serve lag` only")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     settings = get_settings()
     if stage == "lag":
@@ -123,7 +130,7 @@ def serve(
         stop = threading.Event()
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
         signal.signal(signal.SIGINT, lambda *_: stop.set())
-        serve_lag(settings, settings.metrics_port or 9308, [], stop)
+        serve_lag(settings, settings.metrics_port or 9308, group or [], stop)
         return
     # Staggered start: a fleet restarted together doesn't stampede the broker and object store.
     time.sleep(random.uniform(0, settings.start_jitter_s))
@@ -135,11 +142,21 @@ def serve(
     }
     import importlib
 
-    from services.common.metrics import serve_metrics
+    from services.common.health import Liveness
+    from services.common.metrics import serve_stage_http
 
-    serve_metrics(settings.metrics_port, settings.metrics_host)
+    liveness = Liveness()
+    serve_stage_http(settings.metrics_port, settings.metrics_host, stage, liveness)
     stream_app: FastStream = importlib.import_module(apps[stage]).build_app(settings)
-    asyncio.run(stream_app.run())
+
+    async def run() -> None:
+        heartbeat = asyncio.create_task(liveness.beat_forever())
+        try:
+            await stream_app.run()
+        finally:
+            heartbeat.cancel()
+
+    asyncio.run(run())
 
 
 # --- synthetic data and the agent ---------------------------------------------------------

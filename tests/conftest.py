@@ -5,4 +5,5 @@ pytest_plugins = [
     "tests.fixtures.stack",
     "tests.fixtures.proxy",
     "tests.fixtures.reader",
+    "tests.fixtures.browser",
 ]

@@ -146,6 +146,7 @@ class BatchStage(Generic[J, R]):
             # (faststream issue #2618). Rewind to it and retry; every effect is idempotent.
             log.exception("%s: batch failed unexpectedly; rewinding to retry it", self.stage)
             self._failures += 1
+            metrics.REWINDS.labels(self.stage).inc()
             await msg.nack()
             await asyncio.sleep(min(30.0, 0.5 * 2**self._failures) * random.uniform(0.5, 1.0))
 
@@ -196,6 +197,7 @@ class BatchStage(Generic[J, R]):
                     transient = f"{type(exc).__name__}: {exc}"
             if transient is not None:
                 self._failures += 1
+                metrics.REWINDS.labels(self.stage).inc()
                 delay = min(30.0, 0.5 * 2 ** (self._failures - 1)) * random.uniform(0.5, 1.0)
                 log.warning(
                     "%s: transient failure, batch rewound (retry in %.1fs): %s",
@@ -221,6 +223,8 @@ class BatchStage(Generic[J, R]):
             await publish_event(self.broker, dlq_topic(topic), record, key=record.event_id)
         self._failures = 0
         await msg.ack()
+        for failure in failures.values():
+            metrics.FAILURES.labels(self.stage, failure.code.value).inc()
         metrics.BATCH_SIZE.labels(self.stage).observe(len(records))
         metrics.BATCH_SECONDS.labels(self.stage).observe(time.perf_counter() - started)
         metrics.RECORDS.labels(self.stage, "dead_lettered").inc(len(failures))

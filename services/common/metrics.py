@@ -1,13 +1,27 @@
-"""Prometheus metrics every stage exports on `/metrics` (names documented in docs/metrics.md)."""
+"""Prometheus metrics every stage exports on `/metrics` (names documented in docs/metrics.md),
+and the stage's HTTP endpoint: /metrics, /healthz, /readyz."""
 
 from __future__ import annotations
 
+from http.server import ThreadingHTTPServer
 from typing import Any
 
-from prometheus_client import Counter, Gauge, Histogram, start_http_server
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram
+
+from services.common.health import Liveness, metrics_route, start_http, text
 
 RECORDS = Counter(
     "egoline_stage_records_total", "Records a stage finished, by outcome", ["stage", "outcome"]
+)
+FAILURES = Counter(
+    "egoline_stage_failures_total",
+    "Records dead-lettered, by reason code (the `reason_code` of the DLQ record)",
+    ["stage", "reason"],
+)
+REWINDS = Counter(
+    "egoline_stage_batch_rewinds_total",
+    "Batches rewound for a retry after a transient failure (dependency down, worker died)",
+    ["stage"],
 )
 BYTES_READ = Counter(
     "egoline_stage_object_bytes_read_total", "Bytes a stage read from the object store", ["stage"]
@@ -52,7 +66,30 @@ def assignment_callbacks(stage: str) -> dict[str, Any]:
     return {"on_assign": assigned, "on_revoke": revoked, "on_lost": revoked}
 
 
-def serve_metrics(port: int | None, host: str) -> None:
-    """Expose `/metrics` on host:port (nothing when port is None)."""
-    if port is not None:
-        start_http_server(port, addr=host)
+def assigned_partitions(stage: str) -> float:
+    """This process's `egoline_stage_assigned_partitions` for `stage` (0 before any join)."""
+    return REGISTRY.get_sample_value("egoline_stage_assigned_partitions", {"stage": stage}) or 0.0
+
+
+def serve_stage_http(
+    port: int | None, host: str, stage: str, liveness: Liveness
+) -> ThreadingHTTPServer | None:
+    """Expose /metrics, /healthz (the stage's event loop is beating) and /readyz (alive and
+    holding partitions) on host:port; nothing when port is None."""
+    if port is None:
+        return None
+    return start_http(
+        host,
+        port,
+        {
+            "/metrics": metrics_route(),
+            "/healthz": lambda: text(
+                liveness.alive(), "ok", f"event loop silent for {liveness.silence_s():.0f}s"
+            ),
+            "/readyz": lambda: text(
+                liveness.alive() and assigned_partitions(stage) > 0,
+                "ready",
+                "not ready: no partitions assigned (group join pending or broker unreachable)",
+            ),
+        },
+    )

@@ -1,4 +1,5 @@
-"""`egoline serve lag`: polls offsets, evaluates lag, serves /metrics, /lag.json, /healthz.
+"""`egoline serve lag`: polls offsets, evaluates lag, serves the lag page (`/`), /metrics,
+/lag.json, /history.json, /healthz and /readyz.
 
 Metric names follow kafka-lag-exporter (docs/metrics.md). A failed reading (broker down) keeps
 the service up: every group reports status UNKNOWN until readings succeed again.
@@ -10,14 +11,16 @@ import json
 import logging
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from importlib import resources
 from typing import Any
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
+from prometheus_client import CollectorRegistry, Gauge
 
+from services.common.health import Liveness, Response, Route, metrics_route, start_http, text
 from services.common.settings import Settings
 from services.lag.collector import OffsetReader
 from services.lag.evaluator import Status
+from services.lag.history import LagHistory
 from services.lag.monitor import PIPELINE_GROUPS, LagMonitor
 
 log = logging.getLogger("egoline.lag")
@@ -83,6 +86,9 @@ class LagService:
         self.interval_s = interval_s
         self.monitor = LagMonitor()
         self.metrics = LagMetrics()
+        self.history = LagHistory()
+        # one poll can wait ~10 s per admin request while the broker is unreachable
+        self.liveness = Liveness(max_silence_s=max(60.0, 10 * interval_s))
         self.report: dict[str, Any] = {}
         self.last_ok: float | None = None
         self.error: str | None = None
@@ -91,13 +97,15 @@ class LagService:
     def poll_forever(self, stop: threading.Event) -> None:
         reader: OffsetReader | None = None
         while not stop.is_set():
+            self.liveness.beat()
             try:
                 reader = reader or OffsetReader(self.settings)
                 self.monitor.observe(reader.read(self.groups))
                 self.last_ok, self.error = time.time(), None
             except Exception as exc:  # the broker is down: report UNKNOWN, keep polling
-                log.warning("lag reading failed: %s", exc)
-                self.error = str(exc)[:300]
+                # name the exception: a timed-out admin request's message is empty
+                self.error = f"{type(exc).__name__}: {exc}".removesuffix(": ")[:300]
+                log.warning("lag reading failed: %s", self.error)
             # evaluate on a timer, not only on commits: a dead consumer's status moves to STOP
             report = self.monitor.report(time.time())
             if self.error is not None:
@@ -105,51 +113,61 @@ class LagService:
                     entry["status"] = Status.UNKNOWN.name
             with self._lock:
                 self.report = report
+                self.history.record(report, time.time(), readable=self.error is None)
             self.metrics.update(report)
             stop.wait(self.interval_s)
         if reader is not None:
             reader.close()
 
     def snapshot(self) -> dict[str, Any]:
+        """The `/lag.json` document: the latest report per group, the groups watched (a group
+        that has committed nothing yet has no entry in `groups`), and the reading's health."""
         with self._lock:
-            return {"groups": self.report, "last_ok": self.last_ok, "error": self.error}
+            return {
+                "groups": self.report,
+                "watched": self.groups,
+                "interval_s": self.interval_s,
+                "last_ok": self.last_ok,
+                "error": self.error,
+            }
+
+    def history_json(self) -> dict[str, Any]:
+        with self._lock:
+            return self.history.to_json()
+
+    def ready(self) -> bool:
+        return self.last_ok is not None and self.error is None
 
 
-def make_handler(service: LagService) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            if self.path == "/metrics":
-                self._send(200, CONTENT_TYPE_LATEST, generate_latest(service.metrics.registry))
-            elif self.path == "/lag.json":
-                self._send(200, "application/json", json.dumps(service.snapshot()).encode())
-            elif self.path == "/healthz":
-                self._send(200, "text/plain", b"ok")
-            elif self.path == "/readyz":
-                ready = service.last_ok is not None and service.error is None
-                self._send(200 if ready else 503, "text/plain", b"ready" if ready else b"not ready")
-            else:
-                self._send(404, "text/plain", b"not found")
+def json_response(payload: dict[str, Any]) -> Response:
+    return 200, "application/json", json.dumps(payload).encode()
 
-        def _send(self, code: int, content_type: str, body: bytes) -> None:
-            self.send_response(code)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
 
-        def log_message(self, format: str, *args: Any) -> None:
-            return
+def page() -> bytes:
+    """The lag page: one self-contained HTML file shipped in this package (no CDN)."""
+    return resources.files("services.lag").joinpath("page.html").read_bytes()
 
-    return Handler
+
+def routes(service: LagService) -> dict[str, Route]:
+    html = page()
+    return {
+        "/": lambda: (200, "text/html; charset=utf-8", html),
+        "/metrics": metrics_route(service.metrics.registry),
+        "/lag.json": lambda: json_response(service.snapshot()),
+        "/history.json": lambda: json_response(service.history_json()),
+        "/healthz": lambda: text(
+            service.liveness.alive(), "ok", f"poll loop silent {service.liveness.silence_s():.0f}s"
+        ),
+        "/readyz": lambda: text(service.ready(), "ready", f"not ready: {service.error}"),
+    }
 
 
 def serve_lag(
     settings: Settings, port: int, extra_groups: list[str], stop: threading.Event
 ) -> None:
     service = LagService(settings, [*PIPELINE_GROUPS, *extra_groups])
-    server = ThreadingHTTPServer((settings.metrics_host, port), make_handler(service))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    log.info("lag service on http://%s:%d (/metrics, /lag.json)", settings.metrics_host, port)
+    server = start_http(settings.metrics_host, port, routes(service))
+    log.info("lag service on http://%s:%d (/, /metrics, /lag.json)", settings.metrics_host, port)
     try:
         service.poll_forever(stop)
     finally:

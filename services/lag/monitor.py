@@ -42,7 +42,12 @@ class LagMonitor:
             else:
                 history.append(Observation(r.at, r.committed, partition_lag(r.committed, r.end)))
             ends = self._ends[(r.topic, r.partition)]
-            if not ends or ends[-1][0] != r.end:
+            if ends and ends[-1][0] == r.end:
+                # The log end has not moved: keep the *last* time it was seen there, so a burst
+                # after a quiet spell is timed from just before the burst, not from the start
+                # of the quiet spell (which would report the idle time as lag).
+                ends[-1] = (r.end, r.at)
+            else:
                 ends.append((r.end, r.at))
                 while len(ends) > self.end_samples:
                     ends.popleft()

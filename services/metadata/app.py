@@ -11,6 +11,7 @@ import asyncio
 import json
 import logging
 import random
+import time
 
 from faststream import FastStream
 from faststream.confluent.annotations import KafkaMessage
@@ -98,6 +99,7 @@ def build_app(settings: Settings) -> FastStream:
         **subscriber_options(settings, GROUP, batch=True),
     )
     async def on_records(msg: KafkaMessage) -> None:
+        started = time.perf_counter()
         raw = msg.raw_message if isinstance(msg.raw_message, tuple) else (msg.raw_message,)
         records = [(str(r.topic()), r.value() or b"") for r in raw]
         try:
@@ -106,6 +108,7 @@ def build_app(settings: Settings) -> FastStream:
             # Transient (warehouse down) or not, never commit past an unapplied batch
             # (faststream issue #2618): rewind and retry; the upserts are idempotent.
             log.warning("metadata: batch rewound, retrying: %s", exc)
+            metrics.REWINDS.labels("metadata").inc()
             await msg.nack()
             await asyncio.sleep(random.uniform(1.0, 3.0))
             return
@@ -125,6 +128,10 @@ def build_app(settings: Settings) -> FastStream:
         await msg.ack()
         metrics.RECORDS.labels("metadata", "ok").inc(len(records) - len(failures))
         metrics.RECORDS.labels("metadata", "dead_lettered").inc(len(failures))
+        for error in failures.values():
+            metrics.FAILURES.labels("metadata", error.code.value).inc()
+        metrics.BATCH_SIZE.labels("metadata").observe(len(records))
+        metrics.BATCH_SECONDS.labels("metadata").observe(time.perf_counter() - started)
 
     app = FastStream(broker)
     app.after_shutdown(engine.dispose)

@@ -54,8 +54,8 @@ class Fleet:
             self.start(stage)
 
     def wait_ready(self, timeout_s: float = 90.0) -> None:
-        """Block until every process reports assigned partitions on /metrics (its consumer
-        finished joining its group). Stopping a member mid-join can wedge a group on the
+        """Block until every process answers 200 on /readyz (its consumer finished joining its
+        group and holds partitions). Stopping a member mid-join can wedge a group on the
         embedded broker (docs/stack.md), and a service is not ready before it has joined."""
         deadline = time.monotonic() + timeout_s
         waiting = set(self.procs)
@@ -63,7 +63,7 @@ class Fleet:
             for name in sorted(waiting):
                 if self.procs[name].poll() is not None:
                     raise RuntimeError(f"{name} exited; see {self.log_dir / (name + '.log')}")
-                if _assigned(self.metrics_ports[name]) > 0:
+                if ready(self.metrics_ports[name]):
                     waiting.discard(name)
             if waiting and time.monotonic() > deadline:
                 raise TimeoutError(f"not ready after {timeout_s}s: {sorted(waiting)}")
@@ -101,17 +101,12 @@ def running_fleet(log_dir: Path, stages: tuple[str, ...] = STAGES) -> Iterator[F
         fleet.stop()
 
 
-def _assigned(port: int) -> float:
-    """`egoline_stage_assigned_partitions` of one process, 0 if it can't be read yet."""
+def ready(port: int) -> bool:
+    """Whether the service on `port` answers 200 on /readyz."""
     import urllib.request
 
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as resp:
-            text = resp.read().decode()
-    except OSError:
-        return 0.0
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith("egoline_stage_assigned_partitions{"):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as resp:
+            return int(resp.status) == 200
+    except OSError:  # refused, or HTTPError 503 (a subclass): not ready
+        return False

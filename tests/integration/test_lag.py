@@ -11,6 +11,7 @@ import sys
 import time
 import urllib.request
 import uuid
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +24,10 @@ from services.common.objectstore import object_store
 from services.common.settings import Settings
 from services.lag.collector import OffsetReader
 from services.lag.monitor import LagMonitor
-from services.stack.fleet import Fleet
-from services.stack.launcher import free_port
+from services.stack.fleet import Fleet, ready
+from services.stack.launcher import Stack, free_port
+from tests.fixtures.http import http_get
+from tests.fixtures.lag import idle_group, produce, running_lag_service
 from tests.fixtures.media import EpisodeFactory
 from tests.fixtures.polling import wait_for
 from tests.fixtures.stack import episode_states
@@ -124,3 +127,71 @@ def test_a_paused_stage_lags_then_drains_to_ok(
     finally:
         service.terminate()
         service.wait(10)
+
+
+def test_the_lag_service_survives_a_broker_outage(
+    stack: Settings, fleet: Fleet, tmp_path: Path
+) -> None:
+    """SIGSTOP the embedded broker (never restart it: it is memory-only): the lag service stays
+    up, reports UNKNOWN and answers /readyz 503, then recovers after SIGCONT."""
+    kafka_state = Stack(stack.stack_dir).read_state().get("kafka")
+    if kafka_state is None or not kafka_state.started_by_us or kafka_state.pid is None:
+        pytest.skip("the broker is external: this test pauses the embedded one")
+    broker_pid = kafka_state.pid
+    controlled = idle_group(stack, "lagoutage", partitions=1)
+    produce(stack, controlled.topic, 5)
+    with running_lag_service(tmp_path, [controlled.group]) as service:
+        wait_for(
+            lambda: service.group(controlled.group).get("total_lag") == 5,
+            60,
+            "the lag service reading 5 messages of lag",
+        )
+        assert http_get(service.port, "/readyz") == (200, "ready")
+        paused_at = time.time()
+        os.kill(broker_pid, signal.SIGSTOP)
+        try:
+
+            def unknown() -> dict[str, Any]:
+                snapshot = service.lag_json()
+                group = snapshot.get("groups", {}).get(controlled.group, {})
+                return (
+                    snapshot if snapshot.get("error") and group.get("status") == "UNKNOWN" else {}
+                )
+
+            during = wait_for(unknown, 60, "UNKNOWN while the broker is paused")
+            assert service.proc.poll() is None
+            assert during["last_ok"] is not None and during["last_ok"] < paused_at + 5
+            assert http_get(service.port, "/healthz") == (200, "ok")
+            assert http_get(service.port, "/readyz")[0] == 503
+            code, metrics = http_get(service.port, "/metrics")
+            assert code == 200
+            assert f'egoline_consumergroup_status{{group="{controlled.group}"}} 2.0' in metrics
+            # the stages lose their partitions once the coordinator has been unreachable for
+            # a session timeout: their /readyz turns 503 while /healthz stays 200
+            decode_port = fleet.metrics_ports["decode-0"]
+            wait_for(
+                lambda: http_get(decode_port, "/readyz")[0] == 503,
+                60,
+                "decode not ready while the broker is paused",
+            )
+            assert http_get(decode_port, "/healthz") == (200, "ok")
+        finally:
+            os.kill(broker_pid, signal.SIGCONT)
+        resumed_at = time.time()
+
+        def recovered() -> bool:
+            snapshot = service.lag_json()
+            group = snapshot.get("groups", {}).get(controlled.group, {})
+            return bool(
+                snapshot.get("error") is None
+                and (snapshot.get("last_ok") or 0) > resumed_at
+                and group.get("total_lag") == 5
+                and group.get("status") != "UNKNOWN"
+            )
+
+        wait_for(recovered, 60, "readings again after the broker resumed")
+        assert service.proc.poll() is None
+        assert http_get(service.port, "/readyz") == (200, "ready")
+    # the session's stage services rejoin their groups too (later tests use them)
+    for name, port in sorted(fleet.metrics_ports.items()):
+        wait_for(partial(ready, port), 120, f"{name} ready again after the outage")

@@ -76,3 +76,18 @@ def test_lag_seconds_interpolates_between_samples() -> None:
     assert lag_seconds(300, samples, now=1030.0) == 0.0
     assert lag_seconds(50, samples, now=1030.0) == pytest.approx(35.0)  # extrapolated to 995
     assert lag_seconds(10, [], now=1.0) is None
+
+
+def test_a_burst_after_a_quiet_spell_is_timed_from_the_end_of_the_spell() -> None:
+    from services.lag.collector import PartitionOffsets
+    from services.lag.monitor import LagMonitor
+
+    monitor = LagMonitor()
+    # the topic sits at offset 0 for 100 s, then 30 records arrive between polls at 100 and 102
+    for at in range(0, 101, 2):
+        monitor.observe([PartitionOffsets("g", "t", 0, committed=0, end=0, at=float(at))])
+    monitor.observe([PartitionOffsets("g", "t", 0, committed=0, end=30, at=102.0)])
+    (partition,) = monitor.report(now=110.0)["g"]["partitions"]
+    assert partition["lag"] == 30
+    # offset 0 was last the log end at 100 s: 10 s behind, not 110 s (the whole quiet spell)
+    assert partition["lag_seconds"] == pytest.approx(10.0)
