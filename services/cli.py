@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -367,11 +367,11 @@ def manifest_build(
 @manifest_app.command("inspect")
 def manifest_inspect(path: Path, rows: int = 5) -> None:
     """Show a manifest's schema, metadata and first rows (memory-mapped, zero-copy)."""
-    from services.manifest.load import load_manifest
+    from services.manifest.load import load_manifest, manifest_rows
 
     table = load_manifest(path)
     err.print(table.schema)
-    for row in table.slice(0, rows).to_pylist():
+    for row in manifest_rows(table, 0, rows):
         err.print(row)
     print_json_line({"rows": table.num_rows, "columns": table.column_names})
 
@@ -423,6 +423,65 @@ def cache_warm(
     for index in track(rows, description="warm", console=err):
         reader.cache.ensure(clip_span(reader.row(int(index))))
     print_json_line({"clips": len(rows), **reader.stats()})
+
+
+@app.command("lineage")
+def lineage_cmd(
+    manifest: Annotated[
+        str | None, typer.Argument(help="manifest file, or its id / object key in the store")
+    ] = None,
+    row: Annotated[int | None, typer.Option(help="row number in the manifest")] = None,
+    episode: Annotated[str | None, typer.Option(help="an episode id instead of a row")] = None,
+    pipeline_version: Annotated[str | None, typer.Option(help="default: configured")] = None,
+) -> None:
+    """Where a manifest row (or an episode's clips) came from: raw object and sha256, device,
+    session, pipeline version, verdict, shard and byte range."""
+    from rich.table import Table
+
+    from services.common.objectstore import object_store
+    from services.manifest.lineage import lineage, mismatches
+    from services.manifest.load import load_manifest, manifest_row
+    from services.metadata.warehouse import make_engine
+
+    settings = get_settings()
+    wanted: dict[str, Any] | None = None
+    if manifest is not None:
+        if row is None:
+            raise typer.BadParameter("give --row with a manifest")
+        path = Path(manifest)
+        if not path.exists():
+            key = manifest if manifest.startswith("manifests/") else f"manifests/{manifest}"
+            key = key if key.endswith(".arrow") else f"{key}.arrow"
+            path = settings.stack_dir / key
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(object_store(settings).get_bytes(key))
+        wanted = manifest_row(load_manifest(path), row)
+        episode_id, version = str(wanted["episode_id"]), str(wanted["pipeline_version"])
+        clip_index: int | None = int(wanted["clip_index"])
+    elif episode is not None:
+        episode_id, clip_index = episode, None
+        version = pipeline_version or settings.pipeline_version
+    else:
+        raise typer.BadParameter("give a manifest and --row, or --episode")
+    engine = make_engine(settings)
+    found = lineage(engine, episode_id, version, clip_index)
+    engine.dispose()
+    if not found:
+        err.print(f"[red]no clips of {episode_id} ({version}) in the warehouse[/]")
+        raise typer.Exit(1)
+    for entry in found:
+        table = Table(show_header=False, title=str(entry["clip_key"]))
+        for name, value in entry.items():
+            table.add_row(name, str(value))
+        err.print(table)
+    diff = mismatches(wanted, found[0]) if wanted is not None else []
+    if diff:
+        err.print(f"[red]the manifest row disagrees with the warehouse on: {', '.join(diff)}[/]")
+    print_json_line(
+        {"lineage": json.loads(json.dumps(found, default=str)), "manifest_mismatches": diff}
+    )
+    if diff:
+        raise typer.Exit(2)
 
 
 # --- lag ---------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from services.agent.runner import make_agent
 from services.common.objectstore import object_store
 from services.common.settings import Settings
 from services.manifest.build import build_manifest
-from services.manifest.load import load_manifest
+from services.manifest.load import load_manifest, manifest_row
 from services.manifest.query import ManifestFilter
 from services.media.av_io import decode_frames
 from services.metadata.core import TERMINAL
@@ -144,7 +144,7 @@ def run_demo(
     table = load_manifest(built.local_path)
     frames = 0
     if table.num_rows:
-        clip = read_clip(store, table.slice(0, 1).to_pylist()[0])
+        clip = read_clip(store, manifest_row(table, 0))
         frames = sum(1 for _ in decode_frames(clip.mp4))
     engine.dispose()
     return DemoResult(

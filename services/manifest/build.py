@@ -11,13 +11,15 @@ per-clip indices point at the episode row), so they are never copied per clip.
 from __future__ import annotations
 
 import hashlib
-import io
 import json
+import mmap
+import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import adbc_driver_postgresql.dbapi as adbc
 import numpy as np
@@ -30,7 +32,15 @@ from sqlalchemy.dialects.postgresql import insert
 
 from services.common.objectstore import ObjectStore
 from services.manifest.packing import FIELDS, NO_RANGE, column_name, unpack
-from services.manifest.query import MANIFEST_FORMAT_VERSION, ManifestFilter, build_query
+from services.manifest.query import (
+    HISTOGRAM_SQL,
+    MANIFEST_FORMAT_VERSION,
+    KeyRange,
+    ManifestFilter,
+    build_query,
+    key_ranges,
+    split_points,
+)
 from services.metadata.warehouse import manifests
 
 # Episode-level strings that repeat across episodes: dictionary-encoded over the distinct values.
@@ -85,22 +95,44 @@ class BuiltManifest:
 
 
 def fetch_episodes(
-    database_url: str, sql: str, params: list[object], progress: Progress | None = None
+    database_url: str,
+    flt: ManifestFilter,
+    progress: Progress | None = None,
+    parallel: int = 2,
 ) -> pa.Table:
-    """Stream the query's record batches (reporting progress) into one table."""
-    batches: list[pa.RecordBatch] = []
-    episodes = clips = 0
+    """The query's rows as one table: run as `parallel` primary-key slices on their own
+    connections (a COPY cannot use Postgres's parallel query), concatenated in key order, so
+    the rows and their order are exactly those of the single query."""
     with adbc.connect(database_url) as conn, conn.cursor() as cur:
-        cur.execute(sql, parameters=params)
-        reader = cur.fetch_record_batch()
-        schema = reader.schema
-        for batch in reader:
-            batches.append(batch)
-            episodes += batch.num_rows
-            clips += int(pc.sum(batch.column("clip_count")).as_py() or 0)
-            if progress is not None:
-                progress(episodes, clips)
-    return pa.Table.from_batches(batches, schema=schema)
+        cur.execute(HISTOGRAM_SQL)
+        found = cur.fetchone()
+    ranges = key_ranges(split_points(found[0] if found else None, parallel))
+    lock = threading.Lock()
+    totals = [0, 0]
+
+    def one(key_range: KeyRange) -> list[pa.RecordBatch]:
+        sql, params = build_query(flt, key_range)
+        batches: list[pa.RecordBatch] = []
+        with adbc.connect(database_url) as conn, conn.cursor() as cur:
+            cur.execute(sql, parameters=params)
+            for batch in cur.fetch_record_batch():
+                batches.append(batch)
+                with lock:
+                    totals[0] += batch.num_rows
+                    totals[1] += int(pc.sum(batch.column("clip_count")).as_py() or 0)
+                    if progress is not None:
+                        progress(totals[0], totals[1])
+        return batches
+
+    with ThreadPoolExecutor(len(ranges)) as pool:
+        parts = list(pool.map(one, ranges))
+    batches = [batch for part in parts for batch in part]
+    if not batches:
+        sql, params = build_query(flt, ranges[0])
+        with adbc.connect(database_url) as conn, conn.cursor() as cur:
+            cur.execute(sql, parameters=params)
+            return cur.fetch_arrow_table()
+    return pa.Table.from_batches(batches)
 
 
 def _smallest_index_type(size: int) -> pa.DataType:
@@ -184,12 +216,6 @@ def explode(episodes: pa.Table) -> pa.Table:
     return pa.table([out[name] for name in MANIFEST_COLUMNS], names=list(MANIFEST_COLUMNS))
 
 
-def clip_key(episode_id: str, clip_index: int) -> str:
-    """A manifest row's WebDataset key (`<episode>_<clip index, 5 digits>`): the prefix of its
-    members' names in the shard. Derived, not stored: it would double the file's string bytes."""
-    return f"{episode_id}_{clip_index:05d}"
-
-
 def with_metadata(table: pa.Table, flt: ManifestFilter, sql: str) -> pa.Table:
     meta = {
         b"egoline.manifest.version": str(MANIFEST_FORMAT_VERSION).encode(),
@@ -203,27 +229,12 @@ def write_ipc(table: pa.Table, path: Path) -> str:
     """Write an uncompressed Arrow IPC file (memory-mappable); returns its sha256."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    digest = hashlib.sha256()
-    with tmp.open("wb") as handle:
-        sink = pa.PythonFile(_Hashing(handle, digest), mode="w")
-        with ipc.new_file(sink, table.schema) as writer:
-            writer.write_table(table, max_chunksize=1 << 20)
+    with pa.OSFile(str(tmp), "wb") as sink, ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table, max_chunksize=1 << 20)
+    with tmp.open("rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as view:
+        digest = hashlib.sha256(view).hexdigest()  # one update from the page cache, no copy
     tmp.replace(path)
-    return digest.hexdigest()
-
-
-class _Hashing(io.RawIOBase):
-    """A write-only file that hashes what passes through it (no second read of the file)."""
-
-    def __init__(self, sink: BinaryIO, digest: Any) -> None:
-        self._sink, self._digest = sink, digest
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, data: Any) -> int:
-        self._digest.update(data)
-        return self._sink.write(data)
+    return digest
 
 
 def build_manifest(
@@ -233,10 +244,11 @@ def build_manifest(
     flt: ManifestFilter,
     out_dir: Path,
     progress: Progress | None = None,
+    parallel: int = 2,
 ) -> BuiltManifest:
     sql, params = build_query(flt)
     started = time.perf_counter()
-    episodes = fetch_episodes(database_url, sql, params, progress)
+    episodes = fetch_episodes(database_url, flt, progress, parallel)
     fetched = time.perf_counter()
     table = with_metadata(explode(episodes), flt, sql)
     del episodes

@@ -1,14 +1,43 @@
-"""Load a manifest zero-copy through a memory map."""
+"""Load a manifest zero-copy through a memory map, and read its rows.
+
+A manifest row does not store its clip key (the WebDataset key of the clip's members): it is
+`<episode_id>_<clip_index, 5 digits>`, derived here, which keeps the file free of one unique
+string per clip.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
 
-def load_manifest(path: Path) -> pa.Table:
+def load_manifest(path: Path | str) -> pa.Table:
     """The manifest as an Arrow table whose buffers point into the memory-mapped file."""
     source = pa.memory_map(str(path), "r")
     return ipc.open_file(source).read_all()
+
+
+def clip_key(episode_id: str, clip_index: int) -> str:
+    """The WebDataset key of a clip: the prefix of its members' names in the shard."""
+    return f"{episode_id}_{clip_index:05d}"
+
+
+def with_clip_key(row: dict[str, Any]) -> dict[str, Any]:
+    if "clip_key" not in row:
+        row["clip_key"] = clip_key(str(row["episode_id"]), int(row["clip_index"]))
+    return row
+
+
+def manifest_rows(
+    table: pa.Table, start: int = 0, count: int | None = None
+) -> list[dict[str, Any]]:
+    """Rows `start`..`start + count` as dicts, each with its `clip_key`."""
+    part = table.slice(start, count) if count is not None else table.slice(start)
+    return [with_clip_key(row) for row in part.to_pylist()]
+
+
+def manifest_row(table: pa.Table, index: int) -> dict[str, Any]:
+    return manifest_rows(table, index, 1)[0]

@@ -7,6 +7,7 @@ order total, so the same data gives the same rows in the same order and a byte-i
 
 from __future__ import annotations
 
+import itertools
 from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -56,8 +57,18 @@ class ManifestFilter(BaseModel):
     tags: list[str] = Field(default_factory=list, description="episodes carrying all these tags")
 
 
-def build_query(flt: ManifestFilter) -> tuple[str, list[object]]:
-    """The manifest SQL and its positional parameters."""
+KeyRange = tuple[str | None, str | None]
+
+
+def build_query(
+    flt: ManifestFilter, key_range: KeyRange = (None, None)
+) -> tuple[str, list[object]]:
+    """The manifest SQL and its positional parameters.
+
+    `key_range` (first episode id included, last excluded; None: open) restricts the same query
+    to a slice of the primary key, so the build can run slices on parallel connections and
+    concatenate them in key order: the rows are those of the whole query, in the same order.
+    """
     params: list[object] = []
 
     def bind(value: object) -> str:
@@ -81,9 +92,36 @@ def build_query(flt: ManifestFilter) -> tuple[str, list[object]]:
         where.append(f"m.height >= {bind(flt.min_height)}")
     if flt.tags:
         where.append(f"m.tags @> {bind(sorted(set(flt.tags)))}::varchar[]")
+    low, high = key_range
+    if low is not None:
+        where.append(f"m.episode_id >= {bind(low)}")
+    if high is not None:
+        where.append(f"m.episode_id < {bind(high)}")
     sql = (
         f"SELECT {COLUMNS}\nFROM manifest_episodes m\nWHERE "
         + "\n  AND ".join(where)
         + "\nORDER BY m.pipeline_version, m.episode_id"
     )
     return sql, params
+
+
+# The planner's histogram of episode ids (from ANALYZE; autovacuum keeps it current).
+HISTOGRAM_SQL = (
+    "SELECT histogram_bounds::text::text[] FROM pg_stats "
+    "WHERE tablename = 'manifest_episodes' AND attname = 'episode_id'"
+)
+
+
+def split_points(histogram: list[str] | None, parts: int) -> list[str]:
+    """Episode ids cutting the rows into `parts` slices of about equal size, from the planner's
+    histogram (free: no scan). Only balance depends on them, never the result."""
+    if not histogram or parts < 2 or len(histogram) < parts + 1:
+        return []
+    step = (len(histogram) - 1) / parts
+    points = [histogram[round(step * i)] for i in range(1, parts)]
+    return sorted(set(points))
+
+
+def key_ranges(points: list[str]) -> list[KeyRange]:
+    bounds: list[str | None] = [None, *points, None]
+    return list(itertools.pairwise(bounds))

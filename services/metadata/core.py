@@ -233,8 +233,14 @@ def refresh_manifest_episodes(episode_ids: list[str]) -> TextClause:
 
 
 def refresh_all_manifest_episodes() -> TextClause:
-    """The same, for every episode (migrations and bulk loads)."""
+    """The same, for every episode (migrations)."""
     return text(_refresh_sql(""))
+
+
+def refresh_manifest_episodes_between(first: str, end: str) -> TextClause:
+    """The same, for episode ids in [first, end) (bulk loads, in slices that fit in memory)."""
+    sql = _refresh_sql("WHERE clips.episode_id >= :first AND clips.episode_id < :end")
+    return text(sql).bindparams(first=first, end=end)
 
 
 def _upsert(table: Table, values: dict[str, Any]) -> Executable:

@@ -32,7 +32,7 @@ from prometheus_client import Counter
 
 from services.common.objectstore import ObjectStore, object_store
 from services.common.settings import Settings, get_settings
-from services.manifest.load import load_manifest
+from services.manifest.load import load_manifest, manifest_row
 from services.reader.cache import ClipCache, clip_cache
 from services.reader.clips import REQUIRED_COLUMNS, Clip, ClipSpan, clip_span, split_clip
 from services.reader.order import epoch_order, partition, shard_ids
@@ -113,9 +113,8 @@ class ClipLoader:
         return int(self.table.num_rows)
 
     def row(self, index: int) -> dict[str, Any]:
-        """Manifest row `index` as a dict of plain Python values."""
-        rows: list[dict[str, Any]] = self.table.slice(index, 1).to_pylist()
-        return rows[0]
+        """Manifest row `index` as a dict of plain Python values (with its `clip_key`)."""
+        return manifest_row(self.table, index)
 
     def order(self, epoch: int, start: int = 0, part: int = 0, parts: int = 1) -> NDArray[np.int64]:
         """Row indexes reader `part` of `parts` reads in `epoch`, from global position `start`."""

@@ -3,7 +3,7 @@
 For the reader's benchmark and tests: a few real clips are encoded once (a synthetic episode cut
 at keyframes, remuxed without re-encoding, as the shard stage does), then reused under distinct
 clip keys to fill shards of the real format (`services.shard.core.write_tar`, content-addressed
-keys) up to a target size. The manifest is a real manifest file (`to_manifest_table`,
+keys) up to a target size. The manifest is a real manifest file (`with_metadata`,
 `write_ipc`) carrying the columns the warehouse query would give for these clips, minus the
 warehouse-only ones (verdict, raw lineage). Nothing goes through Kafka or Postgres, so ~2 GB of
 shards take about a minute instead of an ingest run.
@@ -24,7 +24,7 @@ import pyarrow as pa
 from numpy.typing import NDArray
 
 from services.common.objectstore import ObjectStore
-from services.manifest.build import to_manifest_table, write_ipc
+from services.manifest.build import with_metadata, write_ipc
 from services.manifest.query import ManifestFilter
 from services.media.av_io import remux_clips
 from services.shard.core import shard_keys, write_tar
@@ -142,7 +142,7 @@ def write_synthetic_corpus(
                     "imu_length": imu.length,
                     "json_offset": js.offset,
                     "json_length": js.length,
-                    **{k: meta[k] for k in ("clip_key", "episode_id", "device_id", "session_id")},
+                    **{k: meta[k] for k in ("episode_id", "device_id", "session_id")},
                     "clip_index": meta["clip_index"],
                     "frame_count": meta["frame_count"],
                     "split": "train",
@@ -156,6 +156,6 @@ def write_synthetic_corpus(
         written += size
         on_bytes(size)
     flt = ManifestFilter(pipeline_version=pipeline_version)
-    table = to_manifest_table(pa.Table.from_pylist(rows), flt, "-- synthetic corpus, no query")
+    table = with_metadata(pa.Table.from_pylist(rows), flt, "-- synthetic corpus, no query")
     write_ipc(table, manifest_path)
     return manifest_path

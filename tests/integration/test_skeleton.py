@@ -19,7 +19,7 @@ from services.common import kafka
 from services.common.objectstore import object_store
 from services.common.settings import Settings
 from services.manifest.build import build_manifest
-from services.manifest.load import load_manifest
+from services.manifest.load import load_manifest, manifest_rows
 from services.manifest.query import ManifestFilter
 from services.media.av_io import decode_frames
 from services.metadata.warehouse import make_engine
@@ -72,7 +72,7 @@ def test_episodes_travel_every_stage_and_a_clip_reads_back_by_byte_range(
     )
     engine.dispose()
     table = load_manifest(built.local_path)
-    rows = [r for r in table.to_pylist() if r["episode_id"] in ids]
+    rows = [r for r in manifest_rows(table) if r["episode_id"] in ids]
     assert {r["episode_id"] for r in rows} == {good[0].name, good[1].name}
 
     row = rows[0]

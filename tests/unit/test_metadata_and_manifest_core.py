@@ -66,4 +66,5 @@ def test_filters_are_bound_parameters_never_sql_text() -> None:
 
 def test_query_order_is_total() -> None:
     sql, _ = build_query(ManifestFilter())
-    assert sql.rstrip().endswith("ORDER BY c.episode_id, c.clip_index, c.clip_key")
+    # The primary key of manifest_episodes: one row per (pipeline version, episode).
+    assert sql.rstrip().endswith("ORDER BY m.pipeline_version, m.episode_id")

@@ -1,0 +1,159 @@
+"""The packed clip columns, the explode of episode rows into clip rows, query slicing and the
+lineage query, without a database."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from sqlalchemy.dialects import postgresql
+
+from services.manifest.build import MANIFEST_COLUMNS, explode
+from services.manifest.lineage import lineage_query, mismatches
+from services.manifest.load import with_clip_key
+from services.manifest.packing import FIELDS, column_name, pack, pack_columns_sql, unpack
+from services.manifest.query import ManifestFilter, build_query, key_ranges, split_points
+
+
+@given(st.lists(st.integers(min_value=-1, max_value=2**62), max_size=50))
+def test_packing_round_trips_every_integer_field(values: list[int]) -> None:
+    for name, _, _, np_type in FIELDS:
+        if np_type.endswith("i8"):
+            assert unpack(name, pack(name, values)).tolist() == values
+
+
+def test_pack_sql_orders_every_field_by_clip_index() -> None:
+    aggregates = dict(pack_columns_sql())
+    assert set(aggregates) == {column_name(f) for f, *_ in FIELDS}
+    assert all(a.endswith("ORDER BY c.clip_index)") for a in aggregates.values())
+
+
+def episode_rows(episodes: list[dict[str, Any]]) -> pa.Table:
+    """Episode rows shaped as the manifest query returns them."""
+    columns: dict[str, list[Any]] = {
+        "episode_id": [],
+        "device_id": [],
+        "session_id": [],
+        "started_at": [],
+        "split": [],
+        "verdict": [],
+        "warning_count": [],
+        "codec": [],
+        "width": [],
+        "height": [],
+        "fps": [],
+        "raw_key": [],
+        "raw_sha256": [],
+        "pipeline_version": [],
+        "clip_count": [],
+        "shard_keys": [],
+    }
+    packed: dict[str, list[bytes]] = {column_name(f): [] for f, *_ in FIELDS}
+    for ep in episodes:
+        for name in columns:
+            columns[name].append(ep[name] if name != "clip_count" else len(ep["clips"]))
+        for field, *_ in FIELDS:
+            packed[column_name(field)].append(pack(field, [c[field] for c in ep["clips"]]))
+    table = pa.table(columns)
+    for name, values in packed.items():
+        table = table.append_column(name, pa.array(values, type=pa.binary()))
+    return table
+
+
+def clip(index: int, shard_no: int, imu: bool = True) -> dict[str, Any]:
+    return {
+        "byte_offset": 512 + 1000 * index,
+        "length": 900,
+        "imu_offset": 2000 * index if imu else None,
+        "imu_length": 96 if imu else None,
+        "json_offset": 3000 * index,
+        "json_length": 80,
+        "clip_start_s": 10.0 * index,
+        "clip_duration_s": 10.0,
+        "clip_index": index,
+        "frame_count": 300,
+        "shard_no": shard_no,
+    }
+
+
+def episode(
+    eid: str, device: str, shards: list[str], clips: list[dict[str, Any]]
+) -> dict[str, Any]:
+    return {
+        "episode_id": eid,
+        "device_id": device,
+        "session_id": f"s-{eid}",
+        "started_at": datetime(2026, 1, 1, tzinfo=UTC),
+        "split": "train",
+        "verdict": "accept",
+        "warning_count": 0,
+        "codec": "h264",
+        "width": 1280,
+        "height": 720,
+        "fps": 30.0,
+        "raw_key": f"raw/{device}/{eid}.mp4",
+        "raw_sha256": eid * 4,
+        "pipeline_version": "v1",
+        "shard_keys": shards,
+        "clips": clips,
+    }
+
+
+def test_explode_gives_one_row_per_clip_with_its_episode_facts_and_shard() -> None:
+    table = explode(
+        episode_rows(
+            [
+                episode("ep1", "dev1", ["sA", "sB"], [clip(0, 0), clip(1, 1, imu=False)]),
+                episode("ep2", "dev1", ["sB"], [clip(0, 0)]),
+                episode("ep3", "dev2", [], []),
+            ]
+        )
+    )
+    assert table.column_names == list(MANIFEST_COLUMNS)
+    rows = [with_clip_key(r) for r in table.to_pylist()]
+    assert [(r["episode_id"], r["clip_index"], r["shard_key"]) for r in rows] == [
+        ("ep1", 0, "sA"),
+        ("ep1", 1, "sB"),
+        ("ep2", 0, "sB"),
+    ]
+    assert rows[1]["imu_offset"] is None and rows[0]["imu_offset"] == 0
+    assert rows[1]["clip_key"] == "ep1_00001" and rows[2]["raw_key"] == "raw/dev1/ep2.mp4"
+    assert rows[1]["byte_offset"] == 1512 and rows[1]["clip_start_s"] == 10.0
+    assert all(r["device_id"] == "dev1" and r["width"] == 1280 for r in rows)
+    assert rows[0]["started_at"] == datetime(2026, 1, 1, tzinfo=UTC)
+    # Repeated strings are dictionaries: the shard keys once each, not once per clip.
+    shard = table.column("shard_key").chunk(0)
+    assert pa.types.is_dictionary(shard.type) and shard.dictionary.to_pylist() == ["sA", "sB"]
+
+
+def test_explode_rejects_packed_values_that_disagree_with_the_clip_count() -> None:
+    rows = episode_rows([episode("ep1", "dev1", ["sA"], [clip(0, 0), clip(1, 0)])])
+    broken = rows.set_column(
+        rows.column_names.index("clip_count"), "clip_count", pa.array([3], type=pa.int64())
+    )
+    with pytest.raises(ValueError, match="clip_count"):
+        explode(broken)
+
+
+def test_key_ranges_slice_the_query_without_gaps_or_overlap() -> None:
+    histogram = [f"ep{i:03d}" for i in range(101)]
+    points = split_points(histogram, 2)
+    assert points == ["ep050"]
+    assert key_ranges(points) == [(None, "ep050"), ("ep050", None)]
+    assert split_points(None, 2) == [] and key_ranges([]) == [(None, None)]
+    sql, params = build_query(ManifestFilter(), ("ep050", None))
+    assert "m.episode_id >= $3" in sql and params[-1] == "ep050"
+
+
+def test_lineage_query_binds_the_episode_id() -> None:
+    hostile = "ep1'; DROP TABLE clips; --"
+    dialect = postgresql.dialect()  # type: ignore[no-untyped-call]
+    compiled = lineage_query(hostile, "v1", 3).compile(dialect=dialect)
+    assert hostile not in str(compiled) and hostile in compiled.params.values()
+    assert mismatches({"shard_key": "a", "length": 3}, {"shard_key": "a", "length": 4}) == [
+        "length"
+    ]
