@@ -327,6 +327,10 @@ def schemas_export() -> None:
     err.print(f"wrote {write_asyncapi(Path('docs/asyncapi.json'))}")
 
 
+def _csv(value: str) -> list[str]:
+    return [v for v in value.split(",") if v]
+
+
 @manifest_app.command("build")
 def manifest_build(
     out: Annotated[Path, typer.Option(help="local directory for the file")] = Path(
@@ -334,9 +338,21 @@ def manifest_build(
     ),
     devices: Annotated[str, typer.Option(help="comma list of device ids")] = "",
     splits: Annotated[str, typer.Option(help="comma list: train,eval")] = "",
+    tags: Annotated[str, typer.Option(help="comma list: episodes carrying all of them")] = "",
+    verdicts: Annotated[
+        str, typer.Option(help="comma list of accept, accept_with_warnings, reject")
+    ] = "accept,accept_with_warnings",
+    since: Annotated[str | None, typer.Option(help="started at or after (ISO 8601)")] = None,
+    until: Annotated[str | None, typer.Option(help="episodes started before (ISO 8601)")] = None,
+    max_warnings: Annotated[int | None, typer.Option(help="min quality: <= N warnings")] = None,
+    min_height: Annotated[int | None, typer.Option(help="min quality: at least N rows")] = None,
+    pipeline_version: Annotated[str | None, typer.Option(help="default: configured")] = None,
+    parallel: Annotated[int, typer.Option(min=1, help="parallel query slices")] = 2,
 ) -> None:
     """Build a manifest with one SQL query into an Arrow IPC file (stored under its hash)."""
-    import time
+    from datetime import datetime
+
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     from services.common.objectstore import object_store
     from services.manifest.build import build_manifest
@@ -345,21 +361,44 @@ def manifest_build(
 
     settings = get_settings()
     flt = ManifestFilter(
-        pipeline_version=settings.pipeline_version,
-        devices=[d for d in devices.split(",") if d],
-        splits=[s for s in splits.split(",") if s],
+        pipeline_version=pipeline_version or settings.pipeline_version,
+        devices=_csv(devices),
+        splits=_csv(splits),
+        tags=_csv(tags),
+        verdicts=_csv(verdicts),
+        started_from=datetime.fromisoformat(since) if since else None,
+        started_before=datetime.fromisoformat(until) if until else None,
+        max_warnings=max_warnings,
+        min_height=min_height,
     )
-    started = time.perf_counter()
-    built = build_manifest(
-        settings.database_libpq_url, make_engine(settings), object_store(settings), flt, out
-    )
+    engine = make_engine(settings)
+    with Progress(
+        SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err
+    ) as progress:
+        task = progress.add_task("querying the warehouse", total=None)
+
+        def show(episodes: int, clips: int) -> None:
+            progress.update(task, description=f"{episodes:,} episodes, {clips:,} clips")
+
+        built = build_manifest(
+            settings.database_libpq_url,
+            engine,
+            object_store(settings),
+            flt,
+            out,
+            progress=show,
+            parallel=parallel,
+        )
+    engine.dispose()
     print_json_line(
         {
             "manifest": built.object_key,
+            "manifest_id": built.manifest_id,
             "path": str(built.local_path),
             "rows": built.rows,
             "bytes": built.size_bytes,
-            "build_s": round(time.perf_counter() - started, 4),
+            "build_s": round(built.query_s + built.explode_s + built.write_s, 4),
+            "publish_s": round(built.publish_s, 4),
         }
     )
 

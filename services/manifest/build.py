@@ -176,7 +176,9 @@ def _packed(column: pa.ChunkedArray, field: str) -> NDArray[Any]:
         offsets = np.frombuffer(offset_buffer, dtype=offset_type)
         first, last = int(offsets[chunk.offset]), int(offsets[chunk.offset + len(chunk)])
         parts.append(unpack(field, memoryview(data_buffer)[first:last]))
-    return np.concatenate(parts) if len(parts) != 1 else parts[0]
+    if len(parts) == 1:
+        return parts[0]
+    return np.concatenate(parts) if parts else unpack(field, b"")
 
 
 def explode(episodes: pa.Table) -> pa.Table:

@@ -258,3 +258,25 @@ def test_lineage_leads_from_a_manifest_row_back_to_the_raw_object(
     assert entry in clips and len(clips) == sum(
         1 for r in rows if r["episode_id"] == ingested.good[0]
     )
+
+
+def test_polars_and_duckdb_read_the_manifest_file_as_it_is(
+    stack: Settings, ingested: Ingested, tmp_path: Path
+) -> None:
+    import duckdb
+    import polars as pl
+
+    built = build(stack, tmp_path)
+    frame = pl.scan_ipc(built.local_path).collect()  # polars memory-maps IPC files itself
+    manifest = load_manifest(built.local_path)
+    assert frame.shape == (manifest.num_rows, manifest.num_columns)
+    assert set(ingested.good) <= set(frame["episode_id"].cast(pl.String).to_list())
+    relation = duckdb.sql(  # DuckDB scans the memory-mapped Arrow table in place
+        "SELECT episode_id, count(*) AS clips, sum(length) AS bytes FROM manifest "
+        "GROUP BY episode_id ORDER BY episode_id"
+    )
+    assert relation is not None
+    per_episode = relation.fetchall()
+    expected = frame.group_by("episode_id").agg(pl.len(), pl.col("length").sum())
+    assert len(per_episode) == expected.height
+    assert sum(c for _, c, _ in per_episode) == manifest.num_rows
