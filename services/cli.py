@@ -406,13 +406,29 @@ def manifest_build(
 @manifest_app.command("inspect")
 def manifest_inspect(path: Path, rows: int = 5) -> None:
     """Show a manifest's schema, metadata and first rows (memory-mapped, zero-copy)."""
-    from services.manifest.load import load_manifest, manifest_rows
+    import time
 
+    from services.manifest.load import load_manifest, manifest_metadata, manifest_rows
+
+    started = time.perf_counter()
     table = load_manifest(path)
-    err.print(table.schema)
+    load_s = time.perf_counter() - started
+    meta = manifest_metadata(table)
+    err.print(table.schema.remove_metadata())
+    err.print(f"[bold]filter[/] {json.dumps(meta.get('filter'))}")
+    err.print(f"[bold]query[/]\n{meta.get('query')}")
     for row in manifest_rows(table, 0, rows):
         err.print(row)
-    print_json_line({"rows": table.num_rows, "columns": table.column_names})
+    print_json_line(
+        {
+            "rows": table.num_rows,
+            "columns": table.column_names,
+            "bytes": path.stat().st_size,
+            "load_s": round(load_s, 4),
+            "format_version": meta.get("version"),
+            "filter": meta.get("filter"),
+        }
+    )
 
 
 # --- the training node's clip cache -------------------------------------------------------

@@ -36,7 +36,7 @@ from services.common.settings import Settings
 from services.manifest.build import build_manifest
 from services.manifest.load import load_manifest
 from services.manifest.query import ManifestFilter
-from services.metadata.core import refresh_manifest_episodes_between
+from services.metadata.core import refresh_all_manifest_episodes
 from services.metadata.warehouse import make_engine, upgrade
 from services.shard.core import Member, build_tar
 
@@ -50,23 +50,40 @@ Log = Callable[[str], None]
 
 
 @contextlib.contextmanager
-def bench_database(settings: Settings, keep: bool) -> Iterator[Settings]:
-    """A fresh, migrated database beside the warehouse, dropped afterwards unless `keep`."""
+def bench_database(settings: Settings, rows: int, keep: bool, log: Log) -> Iterator[Settings]:
+    """A migrated database beside the warehouse holding `rows` seeded clips: a kept one from an
+    earlier run with `--keep` if it has exactly that, else a fresh one seeded now. Dropped
+    afterwards unless `keep`."""
     base, _, current = settings.database_libpq_url.rpartition("/")
     name = current.split("?")[0] + "_bench_manifest"
     admin, url = f"{base}/postgres", f"{base}/{name}"
     drop = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(drop)
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
     bench = settings.model_copy(update={"database_url": url})
-    try:
+    if _seeded_rows(bench) == rows:
+        log(f"reusing the {rows:,} rows kept in {name}")
         upgrade(bench)
+    else:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(drop)
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        upgrade(bench)
+        log(f"seeding {rows:,} clip rows (not timed)")
+        seed(bench, rows, log)
+    try:
         yield bench
     finally:
         if not keep:
             with psycopg.connect(admin, autocommit=True) as conn:
                 conn.execute(drop)
+
+
+def _seeded_rows(settings: Settings) -> int | None:
+    try:
+        with psycopg.connect(settings.database_libpq_url) as conn:
+            found = conn.execute("SELECT sum(clip_count) FROM manifest_episodes").fetchone()
+    except psycopg.Error:
+        return None
+    return int(found[0]) if found and found[0] is not None else None
 
 
 def seed_steps() -> list[tuple[str, str]]:
@@ -106,13 +123,9 @@ def seed(settings: Settings, rows: int, log: Log) -> None:
     # The metadata service's own refresh statement, over slices of 50k episodes.
     engine = make_engine(settings)
     started = time.perf_counter()
-    step = 50_000
     with engine.begin() as conn:
-        conn.exec_driver_sql("SET LOCAL work_mem = '256MB'")
-        for first in range(0, params["episodes"], step):
-            end = min(first + step, params["episodes"])
-            conn.execute(refresh_manifest_episodes_between(f"ep{first:09d}", f"ep{end:09d}"))
-            log(f"manifest_episodes: {end:,}/{params['episodes']:,} episodes")
+        for done in refresh_all_manifest_episodes(conn):
+            log(f"manifest_episodes: {done:,}/{params['episodes']:,} episodes")
     engine.dispose()
     log(f"manifest_episodes filled in {time.perf_counter() - started:.1f} s")
     with psycopg.connect(settings.database_libpq_url, autocommit=True) as conn:
@@ -220,9 +233,7 @@ def bench_manifest(
     store = object_store(settings)
     out_dir = Path(tempfile.mkdtemp(prefix="egoline-bench-manifest-"))
     try:
-        with bench_database(settings, keep) as bench:
-            log(f"seeding {rows:,} clip rows (not timed)")
-            seed(bench, rows, log)
+        with bench_database(settings, rows, keep, log) as bench:
             engine = make_engine(bench)
             first_touch = prefault(max(0.5, rows * 300 / 2**30))
             flt = ManifestFilter(verdicts=[])  # every clip: the timed build returns `rows`

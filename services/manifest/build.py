@@ -199,11 +199,13 @@ def explode(episodes: pa.Table) -> pa.Table:
     flat_position = list_starts[parent] + fields["shard_no"].astype(np.int64)
     out["shard_key"] = _dictionary(shard_codes[flat_position], shard_values.dictionary)
 
-    for name in ("byte_offset", "length", "json_offset", "json_length"):
+    for name in ("byte_offset", "json_offset"):
         out[name] = pa.array(fields[name], type=pa.int64())
-    for name in ("imu_offset", "imu_length"):
-        values = fields[name]
-        out[name] = pa.array(values, type=pa.int64(), mask=values == NO_RANGE)
+    for name in ("length", "json_length"):
+        out[name] = pa.array(fields[name], type=pa.int32())
+    no_imu = fields["imu_offset"] == NO_RANGE
+    out["imu_offset"] = pa.array(fields["imu_offset"], type=pa.int64(), mask=no_imu)
+    out["imu_length"] = pa.array(fields["imu_length"], type=pa.int32(), mask=no_imu)
     out["clip_index"] = pa.array(fields["clip_index"], type=pa.int32())
     out["frame_count"] = pa.array(fields["frame_count"], type=pa.int32())
     out["clip_start_s"] = pa.array(fields["clip_start_s"], type=pa.float64())

@@ -7,6 +7,7 @@ string per clip.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,19 @@ def load_manifest(path: Path | str) -> pa.Table:
     """The manifest as an Arrow table whose buffers point into the memory-mapped file."""
     source = pa.memory_map(str(path), "r")
     return ipc.open_file(source).read_all()
+
+
+def manifest_metadata(table: pa.Table) -> dict[str, Any]:
+    """The format version, the filter and the SQL the manifest was built with."""
+    raw = table.schema.metadata or {}
+    out: dict[str, Any] = {}
+    if b"egoline.manifest.version" in raw:
+        out["version"] = int(raw[b"egoline.manifest.version"])
+    if b"egoline.manifest.filter" in raw:
+        out["filter"] = json.loads(raw[b"egoline.manifest.filter"])
+    if b"egoline.manifest.query" in raw:
+        out["query"] = raw[b"egoline.manifest.query"].decode()
+    return out
 
 
 def clip_key(episode_id: str, clip_index: int) -> str:

@@ -15,14 +15,15 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-# (manifest field, SQL expression over the clips row `c` (+ `shard_no`), send fn, numpy type)
+# (manifest field, SQL expression over the clips row `c` (+ `shard_no`), send fn, numpy type).
+# Offsets are 64-bit (shards may exceed 2 GiB); a clip's member lengths are 32-bit.
 FIELDS: tuple[tuple[str, str, str, str], ...] = (
     ("byte_offset", "c.mp4_offset", "int8send", ">i8"),
-    ("length", "c.mp4_length", "int8send", ">i8"),
+    ("length", "c.mp4_length::int4", "int4send", ">i4"),
     ("imu_offset", "coalesce(c.imu_offset, -1)", "int8send", ">i8"),
-    ("imu_length", "coalesce(c.imu_length, -1)", "int8send", ">i8"),
+    ("imu_length", "coalesce(c.imu_length, -1)::int4", "int4send", ">i4"),
     ("json_offset", "c.json_offset", "int8send", ">i8"),
-    ("json_length", "c.json_length", "int8send", ">i8"),
+    ("json_length", "c.json_length::int4", "int4send", ">i4"),
     ("clip_start_s", "c.start_s", "float8send", ">f8"),
     ("clip_duration_s", "c.duration_s", "float8send", ">f8"),
     ("clip_index", "c.clip_index", "int4send", ">i4"),

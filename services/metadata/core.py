@@ -9,11 +9,23 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
-from sqlalchemy import Executable, Table, TextClause, bindparam, case, func, text, update
+from sqlalchemy import (
+    Connection,
+    Executable,
+    Table,
+    TextClause,
+    bindparam,
+    case,
+    func,
+    select,
+    text,
+    update,
+)
 from sqlalchemy.dialects.postgresql import insert
 
 from schemas.events import (
@@ -232,15 +244,26 @@ def refresh_manifest_episodes(episode_ids: list[str]) -> TextClause:
     return text(sql).bindparams(bindparam("episode_ids", value=sorted(episode_ids)))
 
 
-def refresh_all_manifest_episodes() -> TextClause:
-    """The same, for every episode (migrations)."""
-    return text(_refresh_sql(""))
-
-
-def refresh_manifest_episodes_between(first: str, end: str) -> TextClause:
-    """The same, for episode ids in [first, end) (bulk loads, in slices that fit in memory)."""
-    sql = _refresh_sql("WHERE clips.episode_id >= :first AND clips.episode_id < :end")
-    return text(sql).bindparams(first=first, end=end)
+def refresh_all_manifest_episodes(conn: Connection, step: int = 50_000) -> Iterator[int]:
+    """Recompute `manifest_episodes` for every episode, in slices of `step` episodes (keyset
+    pagination: each slice's sorts fit in memory); yields the episodes done so far. For
+    migrations and bulk loads; the service refreshes only what a batch touched."""
+    conn.exec_driver_sql("SET LOCAL work_mem = '256MB'")
+    done, last = 0, ""
+    while True:
+        ids = list(
+            conn.execute(
+                select(episodes.c.episode_id)
+                .where(episodes.c.episode_id > last)
+                .order_by(episodes.c.episode_id)
+                .limit(step)
+            ).scalars()
+        )
+        if not ids:
+            return
+        conn.execute(refresh_manifest_episodes(ids))
+        done, last = done + len(ids), ids[-1]
+        yield done
 
 
 def _upsert(table: Table, values: dict[str, Any]) -> Executable:

@@ -103,7 +103,8 @@ def upgrade() -> None:
     # warehouse migrated with data in it matches one filled by the service.
     from services.metadata.core import refresh_all_manifest_episodes
 
-    op.execute(refresh_all_manifest_episodes())
+    for _ in refresh_all_manifest_episodes(op.get_bind()):
+        pass
 
 
 def downgrade() -> None:
