@@ -7,12 +7,16 @@ clip from the node-local cache), and plain local-disk reads of the same files, i
    prefetch off, so each read is one ranged GET plus the cache fill;
 3. warm: the same reader, the same order again: every read is a cache hit;
 4. disk: the cache's entry files read plainly (open, read, close), the same bytes in the same
-   order: the local-disk ceiling the warm path is compared with.
+   order: the ceiling the warm path is compared with (served by the page cache, as warm is);
+5. disk direct: the same files read with O_DIRECT, i.e. from the device itself: what a node
+   whose cache no longer fits in RAM gets.
 The corpus and the cache are removed at the end.
 """
 
 from __future__ import annotations
 
+import mmap
+import os
 import shutil
 import tempfile
 import time
@@ -44,6 +48,20 @@ def _progress(console: Console) -> Progress:
         TransferSpeedColumn(),
         console=console,
     )
+
+
+def read_direct(path: Path, block: int = 1 << 20) -> int:
+    """Read a file with O_DIRECT (from the device, not the page cache); returns its size."""
+    buffer = mmap.mmap(-1, block)  # page-aligned, as O_DIRECT wants
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+    try:
+        total = 0
+        while (n := os.readv(fd, [buffer])) > 0:
+            total += n
+        return total
+    finally:
+        os.close(fd)
+        buffer.close()
 
 
 def _timed_read(
@@ -103,6 +121,10 @@ def bench_cache(
                 with (local.directory / span_entry_name(span)).open("rb") as handle:
                     yield len(handle.read())
 
+        def device_files() -> Iterator[int]:
+            for span in spans:
+                yield read_direct(local.directory / span_entry_name(span))
+
         requests_before = store.bytes_read
         with _progress(console) as progress:
             cold_s, cold_clip_bytes = _timed_read(through_reader(), progress, "cold (S3)", total)
@@ -110,6 +132,7 @@ def bench_cache(
             cold = dict(vars(local.counts))
             warm_s, _ = _timed_read(through_reader(), progress, "warm (cache)", total)
             disk_s, disk_bytes = _timed_read(plain_files(), progress, "plain disk", total)
+            device_s, device_bytes = _timed_read(device_files(), progress, "O_DIRECT", total)
         warm_hits = local.counts.hits - cold["hits"]
     finally:
         for key in store.list_keys(prefix):
@@ -130,6 +153,8 @@ def bench_cache(
         "speedup": round(warm_mb_s / cold_mb_s, 1),
         "disk_mb_s": round(disk_mb_s, 1),
         "warm_vs_disk": round(warm_mb_s / disk_mb_s, 3),
+        "disk_direct_mb_s": round(device_bytes / MB / device_s, 1),
+        "warm_vs_disk_direct": round(warm_mb_s / (device_bytes / MB / device_s), 3),
         "cold_misses": cold["misses"],
         "cold_hits": cold["hits"],
         "warm_hits": warm_hits,
