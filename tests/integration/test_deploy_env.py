@@ -109,10 +109,8 @@ def decoded_ok(port: int) -> float:
     )
 
 
-def publish_to_every_partition(stack: Settings, directory: Path) -> str:
-    """Upload the episode's video and publish its event once per partition: whichever
-    partitions this process holds (the session fleet's decode may share the group), one of
-    them carries it. Redelivery is idempotent by design."""
+def publish(stack: Settings, directory: Path, partition: int) -> str:
+    """Upload one episode's video and publish its event to `partition`; its episode id."""
     video = video_of(directory)
     data = video.read_bytes()
     sha = hashlib.sha256(data).hexdigest()
@@ -131,16 +129,16 @@ def publish_to_every_partition(stack: Settings, directory: Path) -> str:
         ),
     )
     producer = Producer(kafka.producer_config(stack))
-    partitions = producer.list_topics(TOPIC_UPLOADED, timeout=10).topics[TOPIC_UPLOADED].partitions
-    for partition in partitions:
-        producer.produce(
-            TOPIC_UPLOADED,
-            key=episode_id.encode(),
-            value=event.model_dump_json(),
-            partition=partition,
-        )
+    producer.produce(
+        TOPIC_UPLOADED, key=episode_id.encode(), value=event.model_dump_json(), partition=partition
+    )
     assert producer.flush(15) == 0
     return episode_id
+
+
+def uploaded_partitions(stack: Settings) -> list[int]:
+    admin = kafka.admin_client(stack)
+    return sorted(admin.list_topics(TOPIC_UPLOADED, timeout=10).topics[TOPIC_UPLOADED].partitions)
 
 
 def test_decode_runs_on_only_the_variables_compose_sets(
@@ -151,8 +149,12 @@ def test_decode_runs_on_only_the_variables_compose_sets(
     port, log = decode_from_compose_env
     wait_for(lambda: ready(port), 60, f"decode ready on /readyz (log: {log})")
     assert http_get(port, "/healthz") == (200, "ok")
-    (directory,) = episode_factory(1, seed=7100)
-    episode_id = publish_to_every_partition(stack, directory)
-    wait_for(lambda: decoded_ok(port) >= 1, 60, f"decode processing the episode (log: {log})")
+    # One distinct episode per partition (never one episode on two partitions: the stages
+    # rely on an episode's events sharing a partition): the session fleet's decode may share
+    # the group, and whichever partitions this process holds, one of them carries an episode.
+    partitions = uploaded_partitions(stack)
+    dirs = episode_factory(len(partitions), seed=7100)
+    ids = [publish(stack, d, p) for d, p in zip(dirs, partitions, strict=True)]
+    wait_for(lambda: decoded_ok(port) >= 1, 60, f"decode processing an episode (log: {log})")
     decoded = [json.loads(m.value() or b"{}") for m in read_topic(stack, TOPIC_DECODED)]
-    assert episode_id in {d["episode"]["episode_id"] for d in decoded}
+    assert set(ids) & {d["episode"]["episode_id"] for d in decoded}
