@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 
-from services.common.settings import get_settings
+from services.common.settings import Settings, get_settings
 
 if TYPE_CHECKING:
     from rich.progress import Progress as RichProgress
@@ -605,6 +606,17 @@ bench_app = typer.Typer(help="Benchmarks: each prints one JSON line last", no_ar
 app.add_typer(bench_app, name="bench")
 
 
+def _run_bench(run: Callable[[Settings, Callable[[str], None]], dict[str, Any]]) -> None:
+    """Start (or reuse) the embedded stack, run a benchmark with progress on stderr, and print
+    its JSON line last on stdout (so `--json` needs no special case)."""
+    from services.common.settings import reset_settings_cache
+    from services.stack.provision import stack_up as bring_up
+
+    bring_up(get_settings(), log=lambda line: err.print(f"[dim]stack:[/] {line}"))
+    reset_settings_cache()
+    print_json_line(run(get_settings(), lambda line: err.print(f"[dim]bench:[/] {line}")))
+
+
 @bench_app.command("upload")
 def bench_upload(
     mb: Annotated[int, typer.Option(min=16, help="file size in MiB")] = 512,
@@ -627,20 +639,9 @@ def bench_cache(
 ) -> None:
     """The clip reader cold (ranged GETs from S3) vs warm (node cache) vs plain disk reads."""
     from services.bench.cache import bench_cache as run
-    from services.common.settings import reset_settings_cache
-    from services.stack.provision import stack_up as bring_up
 
     del as_json
-    bring_up(get_settings(), log=lambda line: err.print(f"[dim]stack:[/] {line}"))
-    reset_settings_cache()
-    result = run(
-        get_settings(),
-        mb,
-        shard_mb,
-        log=lambda line: err.print(f"[dim]bench:[/] {line}"),
-        console=err,
-    )
-    print_json_line(result)
+    _run_bench(lambda settings, log: run(settings, mb, shard_mb, log=log, console=err))
 
 
 @bench_app.command("ingest")
@@ -656,22 +657,13 @@ def bench_ingest(
 ) -> None:
     """Ingest throughput, every stage a process, vs a plain copy and a naive transcode."""
     from services.bench.ingest import bench_ingest as run
-    from services.common.settings import reset_settings_cache
-    from services.stack.provision import stack_up as bring_up
 
     del as_json
-    bring_up(get_settings(), log=lambda line: err.print(f"[dim]stack:[/] {line}"))
-    reset_settings_cache()
-    result = run(
-        get_settings(),
-        episodes,
-        naive_episodes,
-        seed,
-        (min_s, max_s),
-        (width, height),
-        log=lambda line: err.print(f"[dim]bench:[/] {line}"),
+    _run_bench(
+        lambda settings, log: run(
+            settings, episodes, naive_episodes, seed, (min_s, max_s), (width, height), log=log
+        )
     )
-    print_json_line(result)
 
 
 @bench_app.command("manifest")
@@ -683,16 +675,9 @@ def bench_manifest(
 ) -> None:
     """Manifest build and load over N seeded clip rows, vs a file-by-file walk of shard indexes."""
     from services.bench.manifest import bench_manifest as run
-    from services.common.settings import reset_settings_cache
-    from services.stack.provision import stack_up as bring_up
 
     del as_json
-    bring_up(get_settings(), log=lambda line: err.print(f"[dim]stack:[/] {line}"))
-    reset_settings_cache()
-    result = run(
-        get_settings(), rows, naive_rows, keep, log=lambda line: err.print(f"[dim]bench:[/] {line}")
-    )
-    print_json_line(result)
+    _run_bench(lambda settings, log: run(settings, rows, naive_rows, keep, log=log))
 
 
 # --- the demo -----------------------------------------------------------------------------
