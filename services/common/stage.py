@@ -21,7 +21,9 @@ from typing import Any, TypeVar
 
 from confluent_kafka import KafkaException
 from faststream.confluent import KafkaBroker
+from faststream.message import StreamMessage
 from faststream.middlewares import AckPolicy
+from faststream.types import DecodedMessage
 from minio.error import MinioException, S3Error
 from pydantic import BaseModel, ValidationError
 from urllib3.exceptions import HTTPError
@@ -103,6 +105,16 @@ def make_broker(settings: Settings, service: str, **kwargs: Any) -> KafkaBroker:
     )
 
 
+async def keep_raw(msg: StreamMessage[Any]) -> DecodedMessage:
+    """The subscribers' decoder: no decoding at all. faststream's default decoder runs
+    `json.loads` on every record before the handler, and what it raises on hostile input (a
+    RecursionError for deeply nested arrays, a JSONDecodeError when the record claims
+    `content-type: application/json`) escapes the handler, so the record is never dead-lettered
+    and the batch is retried forever. Handlers read `msg.raw_message` and parse it themselves
+    (`parse_event`), where every failure becomes a reason code."""
+    return msg.body
+
+
 def subscriber_options(settings: Settings, group_id: str, batch: bool = False) -> dict[str, Any]:
     from services.common.metrics import assignment_callbacks
 
@@ -116,6 +128,7 @@ def subscriber_options(settings: Settings, group_id: str, batch: bool = False) -
     return {
         **extra,
         "group_id": group_id,
+        "decoder": keep_raw,
         "ack_policy": AckPolicy.MANUAL,
         "auto_offset_reset": "earliest",
         "session_timeout_ms": settings.kafka_session_timeout_ms,
