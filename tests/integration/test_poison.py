@@ -165,7 +165,7 @@ def dead_letters(settings: Settings) -> dict[tuple[str, int, int], dict[str, set
                     int(record["source_partition"]),
                     int(record["source_offset"]),
                 )
-            except (ValueError, KeyError, TypeError):
+            except (ValueError, KeyError, TypeError, RecursionError):
                 continue  # a poison record of ours on a DLQ topic
             found.setdefault(where, {}).setdefault(str(record["stage"]), set()).add(
                 str(record["reason_code"])
