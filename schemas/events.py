@@ -223,6 +223,14 @@ class DlqRecord(Model):
     original_key: str | None = None
     original_value: str = Field(description="the original record value, UTF-8 or base64")
     original_encoding: Literal["utf-8", "base64"] = "utf-8"
+    original_size: int | None = Field(
+        default=None, ge=0, description="bytes of the original value when it was cut short"
+    )
+    original_truncated: bool = Field(
+        default=False,
+        description="only the first 256 KiB of a huge record are kept, so that the envelope "
+        "always fits in a Kafka message",
+    )
 
 
 EVENT_MODELS: dict[str, type[Model]] = {

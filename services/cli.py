@@ -680,6 +680,30 @@ def bench_manifest(
     _run_bench(lambda settings, log: run(settings, rows, naive_rows, keep, log=log))
 
 
+@bench_app.command("chaos")
+def bench_chaos(
+    episodes: Annotated[int, typer.Option(min=2)] = 200,
+    kills: Annotated[int, typer.Option(min=0, help="SIGKILLs of random stage processes")] = 10,
+    seed: Annotated[int, typer.Option(help="-1: fresh episode ids each run")] = -1,
+    as_json: Annotated[bool, typer.Option("--json", help="only the JSON line on stdout")] = False,
+) -> None:
+    """The pipeline under SIGKILLs, a broker pause and a Postgres restart, checked against the
+    ground truth: `lost`, `duplicates` and `unreadable_rows` must be 0 (exit 1 otherwise)."""
+    from services.bench.chaos import bench_chaos as run
+    from services.common.settings import reset_settings_cache
+    from services.stack.provision import stack_up as bring_up
+
+    del as_json
+    bring_up(get_settings(), log=lambda line: err.print(f"[dim]stack:[/] {line}"))
+    reset_settings_cache()
+    result = run(
+        get_settings(), episodes, kills, seed, log=lambda line: err.print(f"[dim]bench:[/] {line}")
+    )
+    print_json_line(result)
+    if result["lost"] or result["duplicates"] or result["unreadable_rows"]:
+        raise typer.Exit(1)
+
+
 # --- the demo -----------------------------------------------------------------------------
 @app.command("demo")
 def demo(

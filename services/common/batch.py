@@ -171,6 +171,15 @@ class BatchStage(Generic[J, R]):
             except PermanentError as exc:
                 failures[i] = Failure(False, exc.code, exc.message)
                 continue
+            except Exception as exc:
+                # `prepare` is pure parsing: an unexpected error is about this record, so it
+                # is dead-lettered instead of rewinding the partition onto it forever.
+                if is_transient(exc):
+                    raise
+                log.exception("%s: preparing %s@%d failed", self.stage, topic, i)
+                message = f"{type(exc).__name__}: {exc}"[:2000]
+                failures[i] = Failure(False, ReasonCode.INTERNAL_ERROR, message)
+                continue
             if job is not None:
                 jobs[i] = job
         results: dict[int, R] = {}

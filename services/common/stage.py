@@ -21,7 +21,9 @@ from typing import Any, TypeVar
 
 from confluent_kafka import KafkaException
 from faststream.confluent import KafkaBroker
+from faststream.message import StreamMessage
 from faststream.middlewares import AckPolicy
+from faststream.types import DecodedMessage
 from minio.error import MinioException, S3Error
 from pydantic import BaseModel, ValidationError
 from urllib3.exceptions import HTTPError
@@ -34,6 +36,11 @@ log = logging.getLogger("egoline.stage")
 M = TypeVar("M", bound=BaseModel)
 
 _S3_PERMANENT_CODES = {"NoSuchKey", "NoSuchObject", "NoSuchBucket", "AccessDenied"}
+# A dead letter keeps at most this much of the original record (base64 grows it by 4/3), so
+# the envelope of even a huge poison record fits under Kafka's default 1 MB message limit.
+MAX_DLQ_ORIGINAL_BYTES = 256 * 1024
+# Events are small (the packet index lives in the object store); Kafka's default message limit.
+MAX_EVENT_BYTES = 1_000_000
 
 
 class PermanentError(Exception):
@@ -61,10 +68,14 @@ def is_transient(exc: BaseException) -> bool:
 
 def parse_event(body: bytes, model: type[M]) -> M:
     """Validate a record against its event model; malformed input is a permanent error."""
+    if len(body) > MAX_EVENT_BYTES:
+        raise PermanentError(
+            ReasonCode.MALFORMED_EVENT, f"event of {len(body)} bytes, limit {MAX_EVENT_BYTES}"
+        )
     try:
         payload = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise PermanentError(ReasonCode.MALFORMED_EVENT, f"not JSON: {exc}") from exc
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise PermanentError(ReasonCode.MALFORMED_EVENT, f"not JSON: {exc}"[:2000]) from exc
     if not isinstance(payload, dict):
         raise PermanentError(ReasonCode.MALFORMED_EVENT, "event is not a JSON object")
     expected = model.model_fields.get("schema_version")
@@ -94,6 +105,16 @@ def make_broker(settings: Settings, service: str, **kwargs: Any) -> KafkaBroker:
     )
 
 
+async def keep_raw(msg: StreamMessage[Any]) -> DecodedMessage:
+    """The subscribers' decoder: no decoding at all. faststream's default decoder runs
+    `json.loads` on every record before the handler, and what it raises on hostile input (a
+    RecursionError for deeply nested arrays, a JSONDecodeError when the record claims
+    `content-type: application/json`) escapes the handler, so the record is never dead-lettered
+    and the batch is retried forever. Handlers read `msg.raw_message` and parse it themselves
+    (`parse_event`), where every failure becomes a reason code."""
+    return msg.body
+
+
 def subscriber_options(settings: Settings, group_id: str, batch: bool = False) -> dict[str, Any]:
     from services.common.metrics import assignment_callbacks
 
@@ -107,6 +128,7 @@ def subscriber_options(settings: Settings, group_id: str, batch: bool = False) -
     return {
         **extra,
         "group_id": group_id,
+        "decoder": keep_raw,
         "ack_policy": AckPolicy.MANUAL,
         "auto_offset_reset": "earliest",
         "session_timeout_ms": settings.kafka_session_timeout_ms,
@@ -136,10 +158,14 @@ def dlq_record(
     error: PermanentError,
 ) -> DlqRecord:
     """The dead-letter envelope: the original record untouched, plus where and why it failed."""
+    size = len(value)
+    truncated = size > MAX_DLQ_ORIGINAL_BYTES
+    kept = value[:MAX_DLQ_ORIGINAL_BYTES]
     try:
-        original, encoding = value.decode("utf-8"), "utf-8"
+        original, encoding = kept.decode("utf-8"), "utf-8"
     except UnicodeDecodeError:
-        original, encoding = base64.b64encode(value).decode(), "base64"
+        original, encoding = base64.b64encode(kept).decode(), "base64"
+    original_key = key.decode("utf-8", "replace")[:1024] if key is not None else None
     return DlqRecord(
         event_id=derive_event_id("dlq", stage, topic, str(partition), str(offset)),
         failed_at=datetime.now(UTC),
@@ -149,7 +175,9 @@ def dlq_record(
         source_offset=offset,
         reason_code=error.code,
         reason=error.message[:4000],
-        original_key=key.decode("utf-8", "replace") if key is not None else None,
+        original_key=original_key,
         original_value=original,
         original_encoding=encoding,
+        original_size=size if truncated else None,
+        original_truncated=truncated,
     )

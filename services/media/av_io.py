@@ -175,10 +175,16 @@ def _seconds(value: int | None, time_base: Fraction | None) -> float:
     return float(value * time_base)
 
 
-def probe_container(path: Path) -> ContainerProbe:
+# The probe keeps ~100 bytes per packet: this bounds its memory at a few hundred MB whatever
+# the file claims (18.5 h of 30 fps video; a file of millions of tiny packets is hostile).
+MAX_PACKETS = 2_000_000
+
+
+def probe_container(path: Path, max_packets: int = MAX_PACKETS) -> ContainerProbe:
     """Demux every packet (no decoding) and index each video stream's GOPs and timestamps.
 
-    Raises ProbeError when the file is not a readable video container at all.
+    Raises ProbeError when the file is not a readable video container at all, or holds more
+    than `max_packets` video packets.
     """
     try:
         container = av.open(str(path))
@@ -191,10 +197,14 @@ def probe_container(path: Path) -> ContainerProbe:
         header_duration = (container.duration or 0) / 1_000_000  # AV_TIME_BASE is microseconds
         state = {s.index: _PacketLog() for s in videos}
         error: str | None = None
+        count = 0
         try:
             for packet in container.demux(videos):
                 if packet.size == 0:  # flush packet at end of stream
                     continue
+                count += 1
+                if count > max_packets:
+                    raise ProbeError(f"more than {max_packets} video packets")
                 entry = state[packet.stream.index]
                 entry.dts.append(packet.dts)
                 entry.pts.append(packet.pts)

@@ -55,8 +55,15 @@ def apply_batch(
         try:
             upserts = statements_for(topic, body, settings.split_key, settings.eval_fraction)
             parsed.append((i, topic, str(json.loads(body)["event_id"]), upserts))
-        except (ValidationError, ValueError, KeyError, TypeError) as exc:
+        except (ValidationError, ValueError, KeyError, TypeError, RecursionError) as exc:
             failures[i] = PermanentError(ReasonCode.MALFORMED_EVENT, str(exc)[:2000])
+        except Exception as exc:
+            # Parsing is pure: whatever else it raises is about this record, not the
+            # warehouse; dead-letter it rather than rewind the partition onto it forever.
+            log.exception("metadata: unexpected error reading a %s record", topic)
+            failures[i] = PermanentError(
+                ReasonCode.INTERNAL_ERROR, f"{type(exc).__name__}: {exc}"[:2000]
+            )
     try:
         with engine.begin() as conn:
             touched: set[str] = set()

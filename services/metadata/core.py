@@ -368,11 +368,15 @@ def _episode_in(record: DlqRecord) -> EpisodeRef | None:
         return None
     try:
         payload = json.loads(record.original_value)
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):
         return None
     if not isinstance(payload, dict):
         return None
-    candidate = payload.get("episode") or (payload.get("decoded") or {}).get("episode")
+    # The original is untrusted (it was dead-lettered): any field may have any type.
+    decoded = payload.get("decoded")
+    candidate = payload.get("episode") or (
+        decoded.get("episode") if isinstance(decoded, dict) else None
+    )
     try:
         return EpisodeRef.model_validate(candidate) if candidate else None
     except ValidationError:

@@ -27,10 +27,14 @@ class Fleet:
     metrics_ports: dict[str, int] = field(default_factory=dict)
 
     def start(self, stage: str, replicas: int = 1) -> None:
-        self.log_dir.mkdir(parents=True, exist_ok=True)
         for n in range(replicas):
-            name = f"{stage}-{n}"
-            log = (self.log_dir / f"{name}.log").open("ab")
+            self.spawn(f"{stage}-{n}")
+
+    def spawn(self, name: str) -> None:
+        """Start (or start again) the process `<stage>-<n>`, appending to its log."""
+        stage = name.rsplit("-", 1)[0]
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        with (self.log_dir / f"{name}.log").open("ab") as log:
             self.metrics_ports[name] = free_port()
             self.procs[name] = subprocess.Popen(
                 [sys.executable, "-m", "services.cli", "serve", stage],
@@ -48,6 +52,19 @@ class Fleet:
                 },
                 start_new_session=True,
             )
+
+    def kill(self, name: str, sig: signal.Signals = signal.SIGKILL, timeout_s: float = 60.0) -> int:
+        """Signal the process `name` and wait (up to `timeout_s`) for it to exit; returns its
+        exit code. SIGKILL goes to its whole process group (its workers die with it, as in a
+        crash of the machine's container); other signals go to the service process alone,
+        which handles them (SIGTERM: graceful stop)."""
+        proc = self.procs[name]
+        with contextlib.suppress(ProcessLookupError):
+            if sig is signal.SIGKILL:
+                os.killpg(proc.pid, sig)
+            else:
+                os.kill(proc.pid, sig)
+        return proc.wait(timeout_s)
 
     def start_all(self, stages: tuple[str, ...] = STAGES) -> None:
         for stage in stages:

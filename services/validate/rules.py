@@ -42,6 +42,18 @@ class KeyframeResult:
     first_error: str | None = None
 
 
+def dimensions_in_bounds(decoded: EpisodeDecoded, rules: RuleSet) -> bool:
+    """Whether every stream's declared size passes the resolution guard. Checked *before*
+    anything is decoded: a hostile header declaring e.g. 60000x60000 would otherwise make the
+    decoder allocate gigabytes for one frame."""
+    return all(
+        rules.min_width <= s.width <= rules.max_width
+        and rules.min_height <= s.height <= rules.max_height
+        and s.width * s.height <= rules.max_pixels
+        for s in decoded.streams
+    )
+
+
 def evaluate(
     decoded: EpisodeDecoded, keyframes: KeyframeResult | None, rules: RuleSet
 ) -> tuple[Verdict, list[Finding], list[Finding]]:

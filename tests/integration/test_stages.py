@@ -20,6 +20,7 @@ from schemas.events import (
     TOPIC_VALIDATED,
     EpisodeRef,
     EpisodeUploaded,
+    ShardsWritten,
     SourceFile,
     derive_event_id,
 )
@@ -163,11 +164,19 @@ def test_redelivering_every_event_writes_no_new_objects_and_no_duplicate_clips(
         if key.endswith(".index.json"):
             members += [m["name"] for m in json.loads(store.get_bytes(key))["members"]]
     assert len(members) == len(set(members)), "a clip was written into two shards"
+    # the topic is shared with the poison test: count the records that are shard events
     shard_event_ids = [
-        json.loads(m.value() or b"{}")["event_id"] for m in read_topic(stack, TOPIC_SHARDS)
+        e for e in (shard_event_id(m.value() or b"") for m in read_topic(stack, TOPIC_SHARDS)) if e
     ]
     replayed = len(shard_event_ids) - len(set(shard_event_ids))
     assert replayed > 0, "redelivered episodes re-emit their shard events, with the same ids"
+
+
+def shard_event_id(value: bytes) -> str | None:
+    try:
+        return ShardsWritten.model_validate_json(value).event_id
+    except ValueError:  # pydantic's ValidationError is a ValueError
+        return None
 
 
 def test_a_killed_worker_process_is_replaced_and_nothing_is_lost(

@@ -1,0 +1,185 @@
+"""Hostile files through decode's probe and validate's rules, each in a child process with an
+address-space limit: every one is rejected with a reason, within a time and memory bound."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+from fractions import Fraction
+from pathlib import Path
+
+import av
+import numpy as np
+import pytest
+
+from services.synth.writer import plan_episodes, write_episode
+
+AS_LIMIT = 2 << 30  # the child's address space: a decoder allocating a huge frame fails
+MAX_WALL_S = 30.0
+MAX_RSS_MB = 600.0
+
+
+def check_in_child(path: str) -> None:
+    """Child process: the decode stage's probe, then the validate stage's rules (keyframes
+    decoded only if the size guard passes), as the stages run them; prints one JSON line."""
+    import shutil
+
+    from schemas.events import EpisodeRef, EpisodeUploaded, SourceFile
+    from services.decode.core import decoded_event
+    from services.media.av_io import ProbeError, probe_container
+    from services.validate.app import validate_episode
+    from services.validate.rules import RuleSet
+
+    started = time.perf_counter()
+    video = Path(path)
+    sha = hashlib.sha256(video.read_bytes()).hexdigest()
+    outcome: dict[str, object]
+    try:
+        probe = probe_container(video)
+    except ProbeError as exc:
+        outcome = {"outcome": "probe_error", "reasons": [str(exc)[:200]]}
+    else:
+        uploaded = EpisodeUploaded(
+            event_id="0" * 32,
+            produced_at=datetime.now(UTC),
+            episode=EpisodeRef(
+                episode_id="hostile",
+                device_id="dev",
+                session_id="s",
+                started_at=datetime.now(UTC),
+                video=SourceFile(key="raw/x.mp4", sha256=sha, size_bytes=video.stat().st_size),
+            ),
+        )
+        decoded = decoded_event(uploaded, probe, sha, None, None, "v1", datetime.now(UTC))
+
+        def fetch(_key: str, dest: Path) -> None:
+            shutil.copyfile(video, dest)
+
+        validated = validate_episode(fetch, decoded, RuleSet())
+        outcome = {
+            "outcome": validated.verdict.value,
+            "reasons": [r.code.value for r in validated.reasons],
+        }
+    outcome["wall_s"] = time.perf_counter() - started
+    outcome["maxrss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps(outcome))
+
+
+def run_bounded(path: Path) -> dict[str, object]:
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (AS_LIMIT, AS_LIMIT))
+
+    started = time.monotonic()
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from tests.unit.test_hostile_media import check_in_child; "
+            "check_in_child(sys.argv[1])",
+            str(path),
+        ],
+        capture_output=True,
+        timeout=MAX_WALL_S * 2,
+        preexec_fn=limit,
+        cwd=Path(__file__).parents[2],
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+    result: dict[str, object] = json.loads(proc.stdout.decode().strip().splitlines()[-1])
+    result["process_s"] = time.monotonic() - started
+    return result
+
+
+def mux_rawvideo(path: Path, width: int, height: int, packets: int) -> None:
+    """A Matroska file declaring `width`x`height` whose packets are one byte each: demuxers
+    believe the header, so a reader that trusts it allocates width*height per frame."""
+    with av.open(str(path), "w", format="matroska") as out:
+        stream = out.add_stream("rawvideo", rate=30)
+        stream.width, stream.height, stream.pix_fmt = width, height, "gray"
+        for i in range(packets):
+            packet = av.Packet(b"\x01")
+            packet.stream, packet.pts, packet.dts = stream, i, i
+            packet.time_base = Fraction(1, 30)
+            out.mux(packet)
+
+
+@pytest.fixture(scope="module")
+def hostile(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    out = tmp_path_factory.mktemp("hostile")
+    good_mp4 = next(write_episode(plan_episodes(1, seed=77)[0], out / "good").glob("video.*"))
+    good_mkv = next(
+        write_episode(plan_episodes(1, seed=78, containers=("mkv",))[0], out / "goodmkv").glob(
+            "video.*"
+        )
+    )
+    data = good_mp4.read_bytes()
+    files = {
+        "truncated_mkv": good_mkv.read_bytes()[: good_mkv.stat().st_size // 2],
+        "truncated_mp4": data[: len(data) // 3],
+        # every byte of the media data, no moov box (ffmpeg would find one renamed to `free`)
+        "missing_moov": data[: data.index(b"moov") - 4],
+        "random_bytes": np.random.default_rng(1).bytes(2 << 20),
+        "wrong_extension_npy": b"",  # filled below: an .npy array named video.mp4
+    }
+    paths: dict[str, Path] = {}
+    for name, content in files.items():
+        paths[name] = out / f"{name}.mp4"
+        paths[name].write_bytes(content)
+    np.save(out / "array.npy", np.zeros((512, 6), np.float32))
+    (out / "array.npy").replace(paths["wrong_extension_npy"])
+    paths["absurd_dimensions"] = out / "absurd.mp4"  # wrong extension too: it is Matroska
+    mux_rawvideo(paths["absurd_dimensions"], 16000, 16000, 60)
+    # a decompression bomb: 4096x4096 frames (inside the size guard) from a few-KB H.264 file
+    bomb = plan_episodes(1, seed=79, duration_s=(1.0, 1.0), width=4096, height=4096)[0]
+    paths["decompression_bomb"] = next(write_episode(bomb, out / "bomb").glob("video.*"))
+    paths["millions_of_packets"] = out / "many.mkv"
+    mux_rawvideo(paths["millions_of_packets"], 16, 16, 2_100_000)
+    return paths
+
+
+EXPECTED_REASON = {
+    "absurd_dimensions": "resolution_out_of_bounds",
+    "truncated_mkv": "container_incomplete",
+}
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "truncated_mkv",
+        "truncated_mp4",
+        "missing_moov",
+        "random_bytes",
+        "wrong_extension_npy",
+        "absurd_dimensions",
+        "decompression_bomb",
+        "millions_of_packets",
+    ],
+)
+def test_hostile_file_is_rejected_within_time_and_memory_bounds(
+    hostile: dict[str, Path], name: str
+) -> None:
+    result = run_bounded(hostile[name])
+    assert float(str(result["wall_s"])) < MAX_WALL_S, result
+    assert float(str(result["maxrss_mb"])) < MAX_RSS_MB, result
+    if name == "decompression_bomb":
+        # well-formed and inside the size guard: decoding its keyframes stays bounded
+        assert result["outcome"] in ("accept", "accept_with_warnings", "reject"), result
+        return
+    assert result["outcome"] in ("probe_error", "reject"), result
+    assert result["reasons"], result
+    if name in EXPECTED_REASON:
+        assert EXPECTED_REASON[name] in str(result["reasons"]), result
+
+
+def test_probe_refuses_more_packets_than_its_bound(hostile: dict[str, Path]) -> None:
+    result = run_bounded(hostile["millions_of_packets"])
+    assert result["outcome"] == "probe_error"
+    assert "video packets" in str(result["reasons"]), result
+    assert os.path.getsize(hostile["millions_of_packets"]) > 50 << 20
