@@ -606,7 +606,9 @@ bench_app = typer.Typer(help="Benchmarks: each prints one JSON line last", no_ar
 app.add_typer(bench_app, name="bench")
 
 
-def _run_bench(run: Callable[[Settings, Callable[[str], None]], dict[str, Any]]) -> None:
+def _run_bench(
+    run: Callable[[Settings, Callable[[str], None]], dict[str, Any]],
+) -> dict[str, Any]:
     """Start (or reuse) the embedded stack, run a benchmark with progress on stderr, and print
     its JSON line last on stdout (so `--json` needs no special case)."""
     from services.common.settings import reset_settings_cache
@@ -614,7 +616,9 @@ def _run_bench(run: Callable[[Settings, Callable[[str], None]], dict[str, Any]])
 
     bring_up(get_settings(), log=lambda line: err.print(f"[dim]stack:[/] {line}"))
     reset_settings_cache()
-    print_json_line(run(get_settings(), lambda line: err.print(f"[dim]bench:[/] {line}")))
+    result = run(get_settings(), lambda line: err.print(f"[dim]bench:[/] {line}"))
+    print_json_line(result)
+    return result
 
 
 @bench_app.command("upload")
@@ -690,16 +694,9 @@ def bench_chaos(
     """The pipeline under SIGKILLs, a broker pause and a Postgres restart, checked against the
     ground truth: `lost`, `duplicates` and `unreadable_rows` must be 0 (exit 1 otherwise)."""
     from services.bench.chaos import bench_chaos as run
-    from services.common.settings import reset_settings_cache
-    from services.stack.provision import stack_up as bring_up
 
     del as_json
-    bring_up(get_settings(), log=lambda line: err.print(f"[dim]stack:[/] {line}"))
-    reset_settings_cache()
-    result = run(
-        get_settings(), episodes, kills, seed, log=lambda line: err.print(f"[dim]bench:[/] {line}")
-    )
-    print_json_line(result)
+    result = _run_bench(lambda settings, log: run(settings, episodes, kills, seed, log=log))
     if result["lost"] or result["duplicates"] or result["unreadable_rows"]:
         raise typer.Exit(1)
 
