@@ -120,8 +120,11 @@ def serve(
         raise typer.BadParameter(f"unknown stage {stage!r}; one of {', '.join(SERVE_STAGES)}")
     if group and stage != "lag":
         raise typer.BadParameter("--group applies to `serve lag` only")
+    from services.common.redact import install_log_redaction
+
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     settings = get_settings()
+    install_log_redaction(settings)
     if stage == "lag":
         import signal
         import threading

@@ -21,6 +21,15 @@ def client_config(settings: Settings) -> dict[str, Any]:
         # themselves, so the per-close log line is noise.
         "log.connection.close": False,
     }
+    for option, value in (
+        ("ssl.ca.location", settings.kafka_ssl_ca_location),
+        ("ssl.certificate.location", settings.kafka_ssl_certificate_location),
+        ("ssl.key.location", settings.kafka_ssl_key_location),
+    ):
+        if value:
+            config[option] = value
+    if settings.kafka_ssl_key_password is not None:
+        config["ssl.key.password"] = settings.kafka_ssl_key_password.get_secret_value()
     if settings.kafka_sasl_mechanism:
         config["sasl.mechanism"] = settings.kafka_sasl_mechanism
         config["sasl.username"] = settings.kafka_sasl_username or ""

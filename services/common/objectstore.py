@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 import urllib3
@@ -172,10 +173,14 @@ class ObjectStore:
 def minio_client(settings: Settings) -> Minio:
     endpoint = settings.require("s3_endpoint")
     parsed = urlparse(endpoint if "://" in endpoint else f"http://{endpoint}")
+    tls: dict[str, Any] = {"cert_reqs": "CERT_REQUIRED" if settings.s3_tls_verify else "CERT_NONE"}
+    if settings.s3_ca_bundle:
+        tls["ca_certs"] = settings.s3_ca_bundle
     http = urllib3.PoolManager(
         maxsize=16,
         timeout=urllib3.Timeout(connect=5, read=120),
         retries=urllib3.Retry(total=5, backoff_factor=0.2, status_forcelist=[500, 502, 503, 504]),
+        **tls,
     )
     return Minio(
         parsed.netloc,

@@ -48,6 +48,12 @@ class Settings(BaseSettings):
     kafka_sasl_mechanism: str | None = None
     kafka_sasl_username: str | None = None
     kafka_sasl_password: SecretStr | None = None
+    # TLS to the brokers (security protocol SSL or SASL_SSL): CA bundle, and for mutual TLS the
+    # client certificate and key.
+    kafka_ssl_ca_location: str | None = None
+    kafka_ssl_certificate_location: str | None = None
+    kafka_ssl_key_location: str | None = None
+    kafka_ssl_key_password: SecretStr | None = None
     kafka_session_timeout_ms: int = Field(default=6000, ge=1000)
     kafka_heartbeat_interval_ms: int = Field(default=1000, ge=100)
     kafka_assignment_strategy: str = "cooperative-sticky"
@@ -64,6 +70,10 @@ class Settings(BaseSettings):
     s3_access_key: SecretStr = SecretStr("egoline")
     s3_secret_key: SecretStr = SecretStr("egoline-secret")
     s3_region: str = "us-east-1"
+    # TLS to the object store (an https:// endpoint): a CA bundle for a private CA; verification
+    # can be turned off only explicitly.
+    s3_ca_bundle: str | None = None
+    s3_tls_verify: bool = True
     s3_bucket: str = "egoline"
     s3_part_size_mb: int = Field(default=16, ge=5)
     embedded_s3_memory_mb: int = Field(

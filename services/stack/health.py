@@ -12,6 +12,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 from services.common import kafka
 from services.common.objectstore import object_store
+from services.common.redact import redact_url
 from services.common.settings import Settings
 from services.stack.launcher import HEALTH_TOPIC, Health
 
@@ -106,18 +107,7 @@ def check(settings: Settings, timeout_s: float = 0.0) -> dict[str, Health]:
             continue
         try:
             retry_until(probe, timeout_s)
-            report[name] = Health(ok=True, endpoint=_redact(endpoint))
+            report[name] = Health(ok=True, endpoint=redact_url(endpoint))
         except Exception as exc:
-            report[name] = Health(ok=False, endpoint=_redact(endpoint), detail=str(exc)[:300])
+            report[name] = Health(ok=False, endpoint=redact_url(endpoint), detail=str(exc)[:300])
     return report
-
-
-def _redact(endpoint: str) -> str:
-    """Hide a password in a URL (`user:secret@host` -> `user:***@host`)."""
-    if "@" in endpoint and "://" in endpoint:
-        scheme, rest = endpoint.split("://", 1)
-        creds, host = rest.rsplit("@", 1)
-        if ":" in creds:
-            creds = creds.split(":", 1)[0] + ":***"
-        return f"{scheme}://{creds}@{host}"
-    return endpoint
