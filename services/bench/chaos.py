@@ -3,10 +3,10 @@
 On the embedded stack, with every stage a process (`Fleet`):
 1. synthesise N short episodes, a known share of them defective (`services.synth` defects),
 2. upload them in waves; after each wave, at a random moment while the wave is in flight, one
-   fault: SIGKILL of a random stage process and its workers (then restarted, and joined before
-   the next fault), a broker pause (SIGSTOP / SIGCONT: the embedded broker keeps nothing
-   across a restart, so a pause is the outage it can survive), or a Postgres restart (same
-   data dir and port);
+   fault: SIGKILL of a stage process and its workers (round the stages in a shuffled order;
+   then restarted, and joined before the next fault), a broker pause (SIGSTOP / SIGCONT: the
+   embedded broker keeps nothing across a restart, so a pause is the outage it can survive),
+   or a Postgres restart (same data dir and port);
 3. wait until every episode is in a terminal state, then check the warehouse against the
    ground truth (valid episodes sharded, defective ones rejected or dead-lettered with a
    reason), build a manifest and read back and decode every row's clip.
@@ -227,6 +227,10 @@ def run_chaos(
         )
         faults = fault_schedule(config, rng)
         log(f"faults, in order: {', '.join(faults)}")
+        # Kills go round the stages in a shuffled order, so every stage is killed (K >= 4).
+        names = sorted(fleet.procs)
+        rng.shuffle(names)
+        victims = [names[i % len(names)] for i in range(faults.count(FAULT_KILL))]
         faults_done = FaultLog()
         run_started = time.perf_counter()
         for fault, wave in zip([*faults, None], waves(dirs, len(faults) + 1), strict=True):
@@ -237,7 +241,7 @@ def run_chaos(
             time.sleep(rng.uniform(0.2, config.max_fault_delay_s))
             at = time.perf_counter() - run_started
             if fault == FAULT_KILL:
-                name = rng.choice(sorted(fleet.procs))
+                name = victims.pop(0)
                 ready_s = kill_and_restart(fleet, name)
                 faults_done.add(fault, at, process=name, back_in_s=round(ready_s, 1))
             elif fault == FAULT_BROKER_PAUSE:
