@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,8 @@ from minio.datatypes import Part
 from minio.error import S3Error
 
 from services.common.settings import Settings
+
+READ_ATTEMPTS = 5  # a GET whose body is cut off is sent again this many times in all
 
 
 @dataclass(frozen=True)
@@ -72,27 +75,36 @@ class ObjectStore:
         )
 
     def get_bytes(self, key: str) -> bytes:
-        response = self.client.get_object(self.bucket, key)
-        try:
-            data = response.read()
-            self.bytes_read += len(data)
-            return data
-        finally:
-            response.close()
-            response.release_conn()
+        return self._read(key, 0, None)
 
     def get_range(self, key: str, byte_offset: int, length: int) -> bytes:
         """Read `length` bytes starting at `byte_offset` with one ranged GET."""
         if byte_offset < 0 or length <= 0:
             raise ValueError(f"bad range offset={byte_offset} length={length}")
-        response = self.client.get_object(self.bucket, key, offset=byte_offset, length=length)
-        try:
-            data = response.read()
-            self.bytes_read += len(data)
-            return data
-        finally:
-            response.close()
-            response.release_conn()
+        return self._read(key, byte_offset, length)
+
+    def _read(self, key: str, byte_offset: int, length: int | None) -> bytes:
+        """One GET, read whole. urllib3 retries a request that failed to connect or got a 5xx,
+        but not a body cut off mid-transfer (a reset after the headers): that is retried here,
+        with backoff, and a short ranged body counts as cut off."""
+        for attempt in range(READ_ATTEMPTS):
+            response = self.client.get_object(
+                self.bucket, key, offset=byte_offset, length=length or 0
+            )
+            try:
+                data = response.read()
+                if length is not None and len(data) != length:
+                    raise urllib3.exceptions.ProtocolError(f"{key}: {len(data)} of {length} bytes")
+                self.bytes_read += len(data)
+                return data
+            except urllib3.exceptions.HTTPError:
+                if attempt == READ_ATTEMPTS - 1:
+                    raise
+                time.sleep(0.1 * 2**attempt)
+            finally:
+                response.close()
+                response.release_conn()
+        raise AssertionError("unreachable")
 
     # --- resumable multipart uploads -------------------------------------------------------
     # minio-py's public API uploads a file in one call; resuming after a crash needs the
