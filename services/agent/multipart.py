@@ -20,6 +20,7 @@ import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
 
 from services.agent.journal import Journal
 from services.agent.ratelimit import TokenBucket
@@ -43,19 +44,24 @@ def part_ranges(size: int, part_size: int) -> list[tuple[int, int, int]]:
     return [(n + 1, n * part_size, min(part_size, size - n * part_size)) for n in range(count)]
 
 
+@dataclass(frozen=True)
+class Uploader:
+    """What every upload of one agent shares: where to, the journal, and how."""
+
+    store: ObjectStore
+    journal: Journal
+    part_size: int
+    concurrency: int
+    limiter: TokenBucket | None
+    retry_max_s: float
+
+
 def upload_file(
-    store: ObjectStore,
-    journal: Journal,
-    queue_id: str,
-    key: str,
-    local: LocalFile,
-    part_size: int,
-    concurrency: int,
-    limiter: TokenBucket | None,
-    on_bytes: Callable[[int], None],
-    retry_max_s: float,
+    up: Uploader, queue_id: str, key: str, local: LocalFile, on_bytes: Callable[[int], None]
 ) -> None:
     """Upload `local` to `key` (resuming if the journal has an open upload); raises on failure."""
+    store, journal, part_size = up.store, up.journal, up.part_size
+    limiter, retry_max_s = up.limiter, up.retry_max_s
     known = journal.upload(key)
     if known is not None and known[3]:
         on_bytes(local.size_bytes)
@@ -95,36 +101,20 @@ def upload_file(
         upload_id = new_id
         journal.open_upload(key, queue_id, new_id, part_size, local.size_bytes)
     assert upload_id is not None
-    _send_parts(
-        store,
-        journal,
-        queue_id,
-        key,
-        upload_id,
-        local,
-        part_size,
-        concurrency,
-        limiter,
-        on_bytes,
-        retry_max_s,
-        acked,
-    )
+    _send_parts(up, queue_id, key, upload_id, local, on_bytes, acked)
 
 
 def _send_parts(
-    store: ObjectStore,
-    journal: Journal,
+    up: Uploader,
     queue_id: str,
     key: str,
     upload_id: str,
     local: LocalFile,
-    part_size: int,
-    concurrency: int,
-    limiter: TokenBucket | None,
     on_bytes: Callable[[int], None],
-    retry_max_s: float,
     acked: dict[int, str],
 ) -> None:
+    store, journal, part_size, concurrency = up.store, up.journal, up.part_size, up.concurrency
+    limiter, retry_max_s = up.limiter, up.retry_max_s
     etags: dict[int, str] = {}
     inflight: dict[Future[tuple[str, float]], tuple[int, int]] = {}
 

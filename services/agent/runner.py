@@ -22,7 +22,7 @@ from confluent_kafka import Producer
 
 from schemas.events import TOPIC_UPLOADED, EpisodeUploaded, derive_event_id
 from services.agent.journal import Journal
-from services.agent.multipart import upload_file
+from services.agent.multipart import Uploader, upload_file
 from services.agent.ratelimit import TokenBucket
 from services.agent.recordings import AgentInputError, describe, find_ready
 from services.agent.retry import backoff_delay
@@ -54,12 +54,21 @@ class Agent:
     _outbox_lock: threading.Lock = field(default_factory=threading.Lock)
 
     limiter: TokenBucket | None = None
+    uploader: Uploader = field(init=False)
 
     def __post_init__(self) -> None:
+        part = self.settings.agent_part_size_mb * 1024 * 1024
         rate = self.settings.agent_bandwidth_mb_s
         if rate is not None:  # one bucket shared by every upload thread
-            part = self.settings.agent_part_size_mb * 1024 * 1024
             self.limiter = TokenBucket(rate * 1024 * 1024, burst=part)
+        self.uploader = Uploader(
+            store=self.store,
+            journal=self.journal,
+            part_size=part,
+            concurrency=self.settings.agent_upload_concurrency,
+            limiter=self.limiter,
+            retry_max_s=self.settings.agent_retry_max_s,
+        )
 
     # --- queueing ------------------------------------------------------------------------
     def enqueue(self, directories: list[Path]) -> int:
@@ -103,16 +112,11 @@ class Agent:
             self.progress.on_episode_start(queue_id, total)
             for source, local in episode.files():
                 upload_file(
-                    self.store,
-                    self.journal,
+                    self.uploader,
                     queue_id,
                     source.key,
                     local,
-                    self.settings.agent_part_size_mb * 1024 * 1024,
-                    self.settings.agent_upload_concurrency,
-                    self.limiter,
                     lambda n: self.progress.on_bytes(queue_id, n),
-                    self.settings.agent_retry_max_s,
                 )
         except AgentInputError as exc:
             log.error("%s: %s", directory, exc)
