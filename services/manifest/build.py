@@ -10,12 +10,11 @@ per-clip indices point at the episode row), so they are never copied per clip.
 
 from __future__ import annotations
 
-import hashlib
 import json
-import mmap
+import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,24 +22,26 @@ from typing import Any
 
 import adbc_driver_postgresql.dbapi as adbc
 import numpy as np
+import psycopg
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 from numpy.typing import NDArray
+from psycopg import sql as psql
 from sqlalchemy import Engine
 from sqlalchemy.dialects.postgresql import insert
 
 from services.common.objectstore import ObjectStore
-from services.manifest.packing import FIELDS, NO_RANGE, column_name, unpack
+from services.manifest.packing import FIELDS, NO_RANGE, big_endian_view, column_name
 from services.manifest.query import (
     HISTOGRAM_SQL,
     MANIFEST_FORMAT_VERSION,
-    KeyRange,
     ManifestFilter,
     build_query,
     key_ranges,
     split_points,
 )
+from services.manifest.sink import HashingDirectSink
 from services.metadata.warehouse import manifests
 
 # Episode-level strings that repeat across episodes: dictionary-encoded over the distinct values.
@@ -79,6 +80,7 @@ MANIFEST_COLUMNS = (
 )
 
 Progress = Callable[[int, int], None]  # (episodes so far, clips so far)
+BATCH_ROWS = 1 << 20  # clip rows per IPC record batch
 
 
 @dataclass(frozen=True)
@@ -89,9 +91,19 @@ class BuiltManifest:
     rows: int
     size_bytes: int
     query_s: float  # query + transfer into Arrow
-    explode_s: float
-    write_s: float  # IPC write + hash
+    explode_s: float  # episode-level dictionaries and the clip -> episode index
+    write_s: float  # clip rows exploded batch by batch, IPC write, sha256
     publish_s: float  # upload to the object store + warehouse row
+
+
+def render(sql: str, params: list[object], conn: psycopg.Connection[Any]) -> str:
+    """The statement with each bound parameter ($n) replaced by its literal, quoted by psycopg
+    for this connection. ADBC's PostgreSQL driver streams a result through COPY (batch by batch)
+    only for a statement without bind parameters; with them it materialises the whole result in
+    libpq first (measured: 2.6 GiB touched for a 1 GiB result, returned as a single batch)."""
+    return re.sub(
+        r"\$(\d+)", lambda m: psql.Literal(params[int(m.group(1)) - 1]).as_string(conn), sql
+    )
 
 
 def fetch_episodes(
@@ -101,41 +113,43 @@ def fetch_episodes(
     parallel: int = 2,
 ) -> pa.Table:
     """The query's rows as one table: run as `parallel` primary-key slices on their own
-    connections (a COPY cannot use Postgres's parallel query), concatenated in key order, so
-    the rows and their order are exactly those of the single query."""
-    with adbc.connect(database_url) as conn, conn.cursor() as cur:
-        cur.execute(HISTOGRAM_SQL)
-        found = cur.fetchone()
-    ranges = key_ranges(split_points(found[0] if found else None, parallel))
-    lock = threading.Lock()
-    totals = [0, 0]
+    connections (a COPY cannot use Postgres's parallel query), all in one exported snapshot and
+    concatenated in key order, so the rows and their order are exactly those of the single
+    query at one moment, even while the metadata service writes."""
+    with psycopg.connect(database_url, autocommit=True) as coordinator:
+        coordinator.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        found = coordinator.execute(HISTOGRAM_SQL).fetchone()
+        snapshot = coordinator.execute("SELECT pg_export_snapshot()").fetchone()
+        assert snapshot is not None
+        ranges = key_ranges(split_points(found[0] if found else None, parallel))
+        statements = [render(*build_query(flt, key_range), coordinator) for key_range in ranges]
+        lock = threading.Lock()
+        totals = [0, 0]
 
-    def one(key_range: KeyRange) -> list[pa.RecordBatch]:
-        sql, params = build_query(flt, key_range)
-        batches: list[pa.RecordBatch] = []
-        with adbc.connect(database_url) as conn, conn.cursor() as cur:
-            cur.execute(sql, parameters=params)
-            for batch in cur.fetch_record_batch():
-                batches.append(batch)
-                with lock:
-                    totals[0] += batch.num_rows
-                    totals[1] += int(pc.sum(batch.column("clip_count")).as_py() or 0)
-                    if progress is not None:
-                        progress(totals[0], totals[1])
-        return batches
+        def one(statement: str) -> tuple[pa.Schema, list[pa.RecordBatch]]:
+            batches: list[pa.RecordBatch] = []
+            with adbc.connect(database_url, autocommit=True) as conn, conn.cursor() as cur:
+                cur.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                cur.execute(f"SET TRANSACTION SNAPSHOT '{snapshot[0]}'")
+                cur.execute(statement)
+                reader = cur.fetch_record_batch()
+                for batch in reader:
+                    batches.append(batch)
+                    with lock:
+                        totals[0] += batch.num_rows
+                        totals[1] += int(pc.sum(batch.column("clip_count")).as_py() or 0)
+                        if progress is not None:
+                            progress(totals[0], totals[1])
+                cur.execute("COMMIT")
+            return reader.schema, batches
 
-    with ThreadPoolExecutor(len(ranges)) as pool:
-        parts = list(pool.map(one, ranges))
-    batches = [batch for part in parts for batch in part]
-    if not batches:
-        sql, params = build_query(flt, ranges[0])
-        with adbc.connect(database_url) as conn, conn.cursor() as cur:
-            cur.execute(sql, parameters=params)
-            return cur.fetch_arrow_table()
-    return pa.Table.from_batches(batches)
+        with ThreadPoolExecutor(len(ranges)) as pool:
+            parts = list(pool.map(one, statements))
+        coordinator.execute("COMMIT")
+    return pa.Table.from_batches([b for _, part in parts for b in part], schema=parts[0][0])
 
 
-def _smallest_index_type(size: int) -> pa.DataType:
+def _index_type(size: int) -> pa.DataType:
     for arrow_type, limit in ((pa.int8(), 1 << 7), (pa.int16(), 1 << 15)):
         if size < limit:
             return arrow_type
@@ -143,102 +157,170 @@ def _smallest_index_type(size: int) -> pa.DataType:
 
 
 def _dictionary(indices: NDArray[np.integer[Any]], values: pa.Array) -> pa.DictionaryArray:
-    index_type = _smallest_index_type(len(values))
+    index_type = _index_type(len(values))
     return pa.DictionaryArray.from_arrays(
         pa.array(indices.astype(index_type.to_pandas_dtype(), copy=False), type=index_type),
         values,
     )
 
 
-def _shared(column: pa.ChunkedArray, parent: NDArray[np.int32]) -> pa.DictionaryArray:
-    encoded = column.combine_chunks().dictionary_encode()
-    codes = encoded.indices.to_numpy(zero_copy_only=False)
-    return _dictionary(codes[parent], encoded.dictionary)
+@dataclass(frozen=True)
+class _Packed:
+    """One clip field across all episodes: zero-copy big-endian views, one per result chunk,
+    and the clip row each view starts at."""
+
+    views: list[NDArray[Any]]
+    starts: NDArray[np.int64]
+    native: np.dtype[Any]
+
+    @classmethod
+    def of(cls, column: pa.ChunkedArray, field: str) -> _Packed:
+        views: list[NDArray[Any]] = []
+        for chunk in column.chunks:
+            if len(chunk) == 0:
+                continue
+            _, offset_buffer, data_buffer = chunk.buffers()
+            offset_type = np.int64 if pa.types.is_large_binary(chunk.type) else np.int32
+            offsets = np.frombuffer(offset_buffer, dtype=offset_type)
+            first, last = int(offsets[chunk.offset]), int(offsets[chunk.offset + len(chunk)])
+            views.append(big_endian_view(field, memoryview(data_buffer)[first:last]))
+        if not views:
+            views.append(big_endian_view(field, b""))
+        starts = np.cumsum([0, *(len(v) for v in views)], dtype=np.int64)
+        return cls(views, starts, views[0].dtype.newbyteorder("="))
+
+    @property
+    def total(self) -> int:
+        return int(self.starts[-1])
+
+    def take(self, start: int, stop: int) -> NDArray[Any]:
+        """Clip rows [start, stop) as a native-endian array (byte-swapped while copied)."""
+        out = np.empty(stop - start, dtype=self.native)
+        first = int(np.searchsorted(self.starts, start, side="right")) - 1
+        position = start
+        for i in range(max(first, 0), len(self.views)):
+            if position >= stop:
+                break
+            begin = self.starts[i]
+            piece = self.views[i][position - begin : stop - begin]
+            out[position - start : position - start + len(piece)] = piece
+            position += len(piece)
+        return out
 
 
-def _numbers(column: pa.ChunkedArray, parent: NDArray[np.int32]) -> pa.Array:
-    """An episode-level number (or timestamp) repeated for each of the episode's clips."""
-    array = column.combine_chunks()
-    storage = pa.int64() if pa.types.is_timestamp(array.type) else array.type
-    values = array.cast(storage).to_numpy(zero_copy_only=False)
-    return pa.array(values[parent], type=storage).cast(array.type)
+class Exploder:
+    """Episode rows (the query's result) -> clip rows, one record batch at a time (pure).
 
+    Everything episode-level is prepared once: the clip -> episode index, and the dictionaries
+    (the episode rows themselves for unique strings, the distinct values for shared ones, the
+    distinct shard keys). A batch is then index arithmetic plus copies of its own clip rows, so
+    memory stays at one batch however large the manifest is.
+    """
 
-def _packed(column: pa.ChunkedArray, field: str) -> NDArray[Any]:
-    """All episodes' packed values of one clip field: the binary column's data buffers are the
-    values back to back, so each chunk is one zero-copy view, byte-swapped once."""
-    parts: list[NDArray[Any]] = []
-    for chunk in column.chunks:
-        if len(chunk) == 0:
-            continue
-        _, offset_buffer, data_buffer = chunk.buffers()
-        offset_type = np.int64 if pa.types.is_large_binary(chunk.type) else np.int32
-        offsets = np.frombuffer(offset_buffer, dtype=offset_type)
-        first, last = int(offsets[chunk.offset]), int(offsets[chunk.offset + len(chunk)])
-        parts.append(unpack(field, memoryview(data_buffer)[first:last]))
-    if len(parts) == 1:
-        return parts[0]
-    return np.concatenate(parts) if parts else unpack(field, b"")
+    def __init__(self, episodes: pa.Table) -> None:
+        counts = episodes.column("clip_count").to_numpy().astype(np.int64)
+        self.parent = np.repeat(np.arange(len(counts), dtype=np.int32), counts)
+        self.fields = {
+            name: _Packed.of(episodes.column(column_name(name)), name) for name, *_ in FIELDS
+        }
+        for name, packed in self.fields.items():
+            if packed.total != len(self.parent):
+                raise ValueError(
+                    f"{name}: {packed.total} packed values, clip_count says {len(self.parent)}"
+                )
+        # Shard keys: each episode lists its shards; a clip names one by its position in it.
+        shard_lists = episodes.column("shard_keys").combine_chunks()
+        self.list_starts = shard_lists.offsets.to_numpy()[:-1].astype(np.int64)
+        shards = shard_lists.flatten().dictionary_encode()
+        self.shard_codes = shards.indices.to_numpy(zero_copy_only=False)
+        self.shard_values = shards.dictionary
+        self.unique = {name: episodes.column(name).combine_chunks() for name in UNIQUE_STRINGS}
+        self.shared: dict[str, tuple[NDArray[Any], pa.Array]] = {}
+        for name in SHARED_STRINGS:
+            encoded = episodes.column(name).combine_chunks().dictionary_encode()
+            self.shared[name] = (encoded.indices.to_numpy(zero_copy_only=False), encoded.dictionary)
+        self.numbers: dict[str, tuple[NDArray[Any], pa.DataType, pa.DataType]] = {}
+        for name in EPISODE_NUMBERS:
+            array = episodes.column(name).combine_chunks()
+            storage = pa.int64() if pa.types.is_timestamp(array.type) else array.type
+            values = array.cast(storage).to_numpy(zero_copy_only=False)
+            self.numbers[name] = (values, storage, array.type)
+
+    @property
+    def rows(self) -> int:
+        return len(self.parent)
+
+    def batch(self, start: int, stop: int) -> pa.RecordBatch:
+        parent = self.parent[start:stop]
+        fields = {name: packed.take(start, stop) for name, packed in self.fields.items()}
+        out: dict[str, pa.Array] = {}
+        flat = self.list_starts[parent] + fields["shard_no"].astype(np.int64)
+        out["shard_key"] = _dictionary(self.shard_codes[flat], self.shard_values)
+        for name in ("byte_offset", "json_offset"):
+            out[name] = pa.array(fields[name], type=pa.int64())
+        for name in ("length", "json_length"):
+            out[name] = pa.array(fields[name], type=pa.int32())
+        no_imu = fields["imu_offset"] == NO_RANGE
+        out["imu_offset"] = pa.array(fields["imu_offset"], type=pa.int64(), mask=no_imu)
+        out["imu_length"] = pa.array(fields["imu_length"], type=pa.int32(), mask=no_imu)
+        out["clip_index"] = pa.array(fields["clip_index"], type=pa.int32())
+        out["frame_count"] = pa.array(fields["frame_count"], type=pa.int32())
+        out["clip_start_s"] = pa.array(fields["clip_start_s"], type=pa.float64())
+        out["clip_duration_s"] = pa.array(fields["clip_duration_s"], type=pa.float64())
+        for name, values in self.unique.items():
+            out[name] = _dictionary(parent, values)
+        for name, (codes, dictionary) in self.shared.items():
+            out[name] = _dictionary(codes[parent], dictionary)
+        for name, (numbers, storage, arrow_type) in self.numbers.items():
+            out[name] = pa.array(numbers[parent], type=storage).cast(arrow_type)
+        return pa.record_batch([out[n] for n in MANIFEST_COLUMNS], names=list(MANIFEST_COLUMNS))
+
+    @property
+    def schema(self) -> pa.Schema:
+        return self.batch(0, 0).schema
+
+    def batches(self, size: int = BATCH_ROWS) -> Iterator[pa.RecordBatch]:
+        for start in range(0, self.rows, size):
+            yield self.batch(start, min(start + size, self.rows))
 
 
 def explode(episodes: pa.Table) -> pa.Table:
-    """Episode rows (the query's result) -> one row per clip, the manifest's columns (pure)."""
-    counts = episodes.column("clip_count").to_numpy().astype(np.int64)
-    parent = np.repeat(np.arange(len(counts), dtype=np.int32), counts)
-    fields = {name: _packed(episodes.column(column_name(name)), name) for name, *_ in FIELDS}
-    for name, values in fields.items():
-        if len(values) != len(parent):
-            raise ValueError(f"{name}: {len(values)} packed values, clip_count says {len(parent)}")
-    out: dict[str, pa.Array] = {}
-
-    # Shard keys: each episode lists its shards; a clip names one by its position in the list.
-    shard_lists = episodes.column("shard_keys").combine_chunks()
-    list_starts = shard_lists.offsets.to_numpy()[:-1].astype(np.int64)
-    shard_values = shard_lists.flatten().dictionary_encode()
-    shard_codes = shard_values.indices.to_numpy(zero_copy_only=False)
-    flat_position = list_starts[parent] + fields["shard_no"].astype(np.int64)
-    out["shard_key"] = _dictionary(shard_codes[flat_position], shard_values.dictionary)
-
-    for name in ("byte_offset", "json_offset"):
-        out[name] = pa.array(fields[name], type=pa.int64())
-    for name in ("length", "json_length"):
-        out[name] = pa.array(fields[name], type=pa.int32())
-    no_imu = fields["imu_offset"] == NO_RANGE
-    out["imu_offset"] = pa.array(fields["imu_offset"], type=pa.int64(), mask=no_imu)
-    out["imu_length"] = pa.array(fields["imu_length"], type=pa.int32(), mask=no_imu)
-    out["clip_index"] = pa.array(fields["clip_index"], type=pa.int32())
-    out["frame_count"] = pa.array(fields["frame_count"], type=pa.int32())
-    out["clip_start_s"] = pa.array(fields["clip_start_s"], type=pa.float64())
-    out["clip_duration_s"] = pa.array(fields["clip_duration_s"], type=pa.float64())
-
-    for name in UNIQUE_STRINGS:
-        out[name] = _dictionary(parent, episodes.column(name).combine_chunks())
-    for name in SHARED_STRINGS:
-        out[name] = _shared(episodes.column(name), parent)
-    for name in EPISODE_NUMBERS:
-        out[name] = _numbers(episodes.column(name), parent)
-    return pa.table([out[name] for name in MANIFEST_COLUMNS], names=list(MANIFEST_COLUMNS))
+    """Episode rows -> one row per clip, the manifest's columns, as one table (pure)."""
+    exploder = Exploder(episodes)
+    return pa.Table.from_batches(list(exploder.batches()), schema=exploder.schema)
 
 
-def with_metadata(table: pa.Table, flt: ManifestFilter, sql: str) -> pa.Table:
-    meta = {
+def metadata(flt: ManifestFilter, sql: str) -> dict[bytes, bytes]:
+    return {
         b"egoline.manifest.version": str(MANIFEST_FORMAT_VERSION).encode(),
         b"egoline.manifest.filter": flt.model_dump_json().encode(),
         b"egoline.manifest.query": sql.encode(),
     }
-    return table.replace_schema_metadata(meta)
+
+
+def with_metadata(table: pa.Table, flt: ManifestFilter, sql: str) -> pa.Table:
+    return table.replace_schema_metadata(metadata(flt, sql))
+
+
+def write_batches(schema: pa.Schema, batches: Iterable[pa.RecordBatch], path: Path) -> str:
+    """Write an uncompressed Arrow IPC file (memory-mappable) from record batches, hashing the
+    bytes on the way out; returns its sha256."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    with (
+        HashingDirectSink(tmp) as sink,
+        pa.PythonFile(sink, mode="w") as stream,
+        ipc.new_file(stream, schema) as writer,
+    ):
+        for batch in batches:
+            writer.write_batch(batch)
+    tmp.replace(path)
+    return sink.sha256()
 
 
 def write_ipc(table: pa.Table, path: Path) -> str:
-    """Write an uncompressed Arrow IPC file (memory-mappable); returns its sha256."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    with pa.OSFile(str(tmp), "wb") as sink, ipc.new_file(sink, table.schema) as writer:
-        writer.write_table(table, max_chunksize=1 << 20)
-    with tmp.open("rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as view:
-        digest = hashlib.sha256(view).hexdigest()  # one update from the page cache, no copy
-    tmp.replace(path)
-    return digest
+    """Write a table as an uncompressed Arrow IPC file in batches of BATCH_ROWS; its sha256."""
+    return write_batches(table.schema, table.to_batches(max_chunksize=BATCH_ROWS), path)
 
 
 def build_manifest(
@@ -254,11 +336,13 @@ def build_manifest(
     started = time.perf_counter()
     episodes = fetch_episodes(database_url, flt, progress, parallel)
     fetched = time.perf_counter()
-    table = with_metadata(explode(episodes), flt, sql)
-    del episodes
+    exploder = Exploder(episodes)
+    schema = exploder.schema.with_metadata(metadata(flt, sql))
     exploded = time.perf_counter()
     staging = out_dir / "manifest.arrow.partial"
-    manifest_id = write_ipc(table, staging)
+    manifest_id = write_batches(schema, exploder.batches(), staging)
+    rows = exploder.rows
+    del exploder, episodes
     final = out_dir / f"{manifest_id}.arrow"
     staging.replace(final)
     written = time.perf_counter()
@@ -274,7 +358,7 @@ def build_manifest(
                 object_key=key,
                 query=sql,
                 params=json.loads(json.dumps(params, default=str)),
-                row_count=table.num_rows,
+                row_count=rows,
                 size_bytes=size,
             )
             .on_conflict_do_nothing()
@@ -283,7 +367,7 @@ def build_manifest(
         manifest_id,
         key,
         final,
-        table.num_rows,
+        rows,
         size,
         query_s=fetched - started,
         explode_s=exploded - fetched,

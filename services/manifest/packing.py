@@ -46,10 +46,16 @@ def pack_columns_sql() -> list[tuple[str, str]]:
     ]
 
 
+def big_endian_view(field: str, data: bytes | memoryview | NDArray[np.uint8]) -> NDArray[Any]:
+    """Packed values of one field as they are stored (a zero-copy view)."""
+    (np_type,) = [t for name, _, _, t in FIELDS if name == field]
+    return np.frombuffer(data, dtype=np.dtype(np_type))
+
+
 def unpack(field: str, data: bytes | memoryview | NDArray[np.uint8]) -> NDArray[Any]:
     """Packed values of one field -> a native-endian numpy array."""
-    (np_type,) = [t for name, _, _, t in FIELDS if name == field]
-    return np.frombuffer(data, dtype=np.dtype(np_type)).astype(np_type[1:])
+    view = big_endian_view(field, data)
+    return view.astype(view.dtype.newbyteorder("="))
 
 
 def pack(field: str, values: list[Any]) -> bytes:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import re
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -14,6 +15,9 @@ from typing import Any
 
 import psycopg
 import pytest
+from hypothesis import HealthCheck, given
+from hypothesis import settings as examples
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from schemas.events import ALL_TOPICS, TOPIC_UPLOADED, EpisodeRef, EpisodeUploaded, SourceFile
@@ -21,7 +25,7 @@ from services.agent.runner import make_agent
 from services.cli import app
 from services.common.objectstore import object_store
 from services.common.settings import Settings
-from services.manifest.build import BuiltManifest, build_manifest
+from services.manifest.build import BuiltManifest, build_manifest, render
 from services.manifest.load import load_manifest, manifest_rows
 from services.manifest.query import ManifestFilter
 from services.metadata.app import apply_batch
@@ -182,6 +186,33 @@ def test_manifest_filters_select_by_tag_device_split_and_verdict(
         assert episodes(ManifestFilter(splits=[split])) == {e for e, _, s in facts if s == split}
     future = datetime.now(UTC) + timedelta(days=3650)
     assert episodes(ManifestFilter(started_from=future)) == set()
+    # The COPY that runs the query carries the filter values as quoted literals: hostile ones
+    # select nothing and change nothing.
+    hostile = ["dev1'; DROP TABLE clips; --", "$1", "\\'", 'a"b', "{x,y}", "Ω'"]
+    assert episodes(ManifestFilter(devices=hostile, tags=hostile, splits=hostile)) == set()
+    assert everything == episodes(ManifestFilter())
+
+
+@examples(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    texts=st.lists(
+        st.text(st.characters(exclude_categories=["Cs"], exclude_characters="\x00")), max_size=4
+    ),
+    moment=st.datetimes(timezones=st.just(UTC)),
+    number=st.integers(min_value=-(2**31), max_value=2**31 - 1),
+)
+def test_rendered_literals_are_the_values_the_server_would_bind(
+    stack: Settings, texts: list[str], moment: datetime, number: int
+) -> None:
+    """`render` (parameters -> literals for the COPY) gives the server exactly the bound values."""
+    statement = "SELECT $1::text[], $2::timestamptz, $3::int4, $4::text"
+    params: list[object] = [texts, moment, number, texts[0] if texts else ""]
+    with psycopg.connect(stack.database_libpq_url) as conn:
+        bound = conn.execute(re.sub(r"\$\d", "%s", statement), params).fetchone()
+        literal = conn.execute(render(statement, params, conn).encode()).fetchone()
+    assert literal == bound == (texts, moment, number, params[3])
 
 
 def test_splits_are_stable_as_the_corpus_grows_and_no_session_straddles_them(
