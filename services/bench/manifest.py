@@ -4,8 +4,8 @@ In one run, on the configured Postgres and object store (the embedded stack by d
 1. seed a separate database (`<db>_bench_manifest`, migrated like the real one) with N clip rows
    by bulk SQL (`generate_series`) into the normalized tables, then fill `manifest_episodes`
    with the metadata service's own refresh statement (not timed);
-2. the build: `build_manifest` (one query through ADBC, explode, Arrow IPC write + sha256),
-   timed; publishing the file to the object store is timed separately (`publish_s`);
+2. the build: `build_manifest` (one query streamed through ADBC/COPY, explode batch by batch,
+   Arrow IPC write + sha256), timed; publishing the file to the object store is timed separately (`publish_s`);
 3. the load: `load_manifest` (memory map) timed, with the process's RSS before and after;
 4. the naive approach on a smaller corpus in the same run: real shard tars and shard indexes in
    the object store, walked file by file (list, GET each index, a ranged GET of one clip's
@@ -132,13 +132,13 @@ def seed(settings: Settings, rows: int, log: Log) -> None:
         conn.execute("VACUUM ANALYZE")
 
 
-def prefault(gib: float) -> float:
-    """Touch `gib` GiB of fresh memory once and free it; returns seconds per GiB.
+def fresh_memory_cost(gib: float = 1.0) -> float:
+    """Seconds per GiB to touch memory this process never had, reported beside the figures.
 
-    On this project's VMs the first touch of guest memory since boot costs ~3 s/GiB (the host
-    backs the page then; later allocations reuse backed pages at ~0.06 s/GiB). A long-running
-    node has paid it long ago; a benchmark in a fresh VM would time the hypervisor instead of
-    the build, so it pays it up front and reports the figure.
+    On this project's VMs freed guest memory goes back to the host at once (virtio-balloon free
+    page reporting), so every GiB a build touches fresh costs this again: 0.4 to 3 s/GiB
+    measured, the upper end for huge pages. It is why the build keeps its memory to one batch
+    and writes around the page cache (docs/performance.md).
     """
     started = time.perf_counter()
     block = np.ones(int(gib * 2**30) // 8, dtype=np.int64)
@@ -235,7 +235,7 @@ def bench_manifest(
     try:
         with bench_database(settings, rows, keep, log) as bench:
             engine = make_engine(bench)
-            first_touch = prefault(max(0.5, rows * 300 / 2**30))
+            first_touch = fresh_memory_cost()
             flt = ManifestFilter(verdicts=[])  # every clip: the timed build returns `rows`
             log("building the manifest")
             built = build_manifest(bench.database_libpq_url, engine, store, flt, out_dir)

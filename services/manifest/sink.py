@@ -12,6 +12,8 @@ O_DIRECT (tmpfs), the same code runs on a normal descriptor.
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import hashlib
 import mmap
 import os
@@ -143,4 +145,12 @@ class HashingDirectSink:
         with memoryview(self._blocks[index]) as view:
             done = 0
             while done < length:
-                done += os.pwrite(self.fd, view[done:length], offset + done)
+                try:
+                    done += os.pwrite(self.fd, view[done:length], offset + done)
+                except OSError as error:
+                    # Some filesystems take O_DIRECT at open and refuse it on write.
+                    if error.errno != errno.EINVAL or not self.direct:
+                        raise
+                    flags = fcntl.fcntl(self.fd, fcntl.F_GETFL)
+                    fcntl.fcntl(self.fd, fcntl.F_SETFL, flags & ~os.O_DIRECT)
+                    self.direct = False
