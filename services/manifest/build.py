@@ -32,7 +32,7 @@ from sqlalchemy import Engine
 from sqlalchemy.dialects.postgresql import insert
 
 from services.common.objectstore import ObjectStore
-from services.manifest.packing import FIELDS, NO_RANGE, big_endian_view, column_name
+from services.manifest.packing import NO_RANGE, PACKED_COLUMN, RECORD, records
 from services.manifest.query import (
     HISTOGRAM_SQL,
     MANIFEST_FORMAT_VERSION,
@@ -101,8 +101,11 @@ def render(sql: str, params: list[object], conn: psycopg.Connection[Any]) -> str
     for this connection. ADBC's PostgreSQL driver streams a result through COPY (batch by batch)
     only for a statement without bind parameters; with them it materialises the whole result in
     libpq first (measured: 2.6 GiB touched for a 1 GiB result, returned as a single batch)."""
+    # Parenthesised: `$1::int4` with -2147483648 must not become -(2147483648::int4).
     return re.sub(
-        r"\$(\d+)", lambda m: psql.Literal(params[int(m.group(1)) - 1]).as_string(conn), sql
+        r"\$(\d+)",
+        lambda m: f"({psql.Literal(params[int(m.group(1)) - 1]).as_string(conn)})",
+        sql,
     )
 
 
@@ -164,17 +167,19 @@ def _dictionary(indices: NDArray[np.integer[Any]], values: pa.Array) -> pa.Dicti
     )
 
 
+CACHE_RECORDS = 1 << 15  # records copied out field by field while they are in the CPU cache
+
+
 @dataclass(frozen=True)
-class _Packed:
-    """One clip field across all episodes: zero-copy big-endian views, one per result chunk,
-    and the clip row each view starts at."""
+class _Clips:
+    """All episodes' packed clips: zero-copy arrays of big-endian records, one per result
+    chunk, and the clip row each starts at."""
 
     views: list[NDArray[Any]]
     starts: NDArray[np.int64]
-    native: np.dtype[Any]
 
     @classmethod
-    def of(cls, column: pa.ChunkedArray, field: str) -> _Packed:
+    def of(cls, column: pa.ChunkedArray) -> _Clips:
         views: list[NDArray[Any]] = []
         for chunk in column.chunks:
             if len(chunk) == 0:
@@ -183,28 +188,36 @@ class _Packed:
             offset_type = np.int64 if pa.types.is_large_binary(chunk.type) else np.int32
             offsets = np.frombuffer(offset_buffer, dtype=offset_type)
             first, last = int(offsets[chunk.offset]), int(offsets[chunk.offset + len(chunk)])
-            views.append(big_endian_view(field, memoryview(data_buffer)[first:last]))
-        if not views:
-            views.append(big_endian_view(field, b""))
+            if (last - first) % RECORD.itemsize:
+                raise ValueError(f"packed clips of {last - first} bytes: not whole records")
+            views.append(records(memoryview(data_buffer)[first:last]))
         starts = np.cumsum([0, *(len(v) for v in views)], dtype=np.int64)
-        return cls(views, starts, views[0].dtype.newbyteorder("="))
+        return cls(views, starts)
 
     @property
     def total(self) -> int:
         return int(self.starts[-1])
 
-    def take(self, start: int, stop: int) -> NDArray[Any]:
-        """Clip rows [start, stop) as a native-endian array (byte-swapped while copied)."""
-        out = np.empty(stop - start, dtype=self.native)
-        first = int(np.searchsorted(self.starts, start, side="right")) - 1
+    def take(self, start: int, stop: int) -> dict[str, NDArray[Any]]:
+        """Clip rows [start, stop): each field as a native-endian array (byte-swapped while
+        copied out, a cache-sized run of records at a time)."""
+        out = {
+            name: np.empty(stop - start, dtype=RECORD[name].newbyteorder("="))
+            for name in RECORD.names or ()
+        }
+        first = max(int(np.searchsorted(self.starts, start, side="right")) - 1, 0)
         position = start
-        for i in range(max(first, 0), len(self.views)):
+        for i in range(first, len(self.views)):
+            begin = int(self.starts[i])
+            view = self.views[i][position - begin : stop - begin]
+            for run in range(0, len(view), CACHE_RECORDS):
+                piece = view[run : run + CACHE_RECORDS]
+                at = position - start + run
+                for name, values in out.items():
+                    values[at : at + len(piece)] = piece[name]
+            position += len(view)
             if position >= stop:
                 break
-            begin = self.starts[i]
-            piece = self.views[i][position - begin : stop - begin]
-            out[position - start : position - start + len(piece)] = piece
-            position += len(piece)
         return out
 
 
@@ -220,14 +233,11 @@ class Exploder:
     def __init__(self, episodes: pa.Table) -> None:
         counts = episodes.column("clip_count").to_numpy().astype(np.int64)
         self.parent = np.repeat(np.arange(len(counts), dtype=np.int32), counts)
-        self.fields = {
-            name: _Packed.of(episodes.column(column_name(name)), name) for name, *_ in FIELDS
-        }
-        for name, packed in self.fields.items():
-            if packed.total != len(self.parent):
-                raise ValueError(
-                    f"{name}: {packed.total} packed values, clip_count says {len(self.parent)}"
-                )
+        self.clips = _Clips.of(episodes.column(PACKED_COLUMN))
+        if self.clips.total != len(self.parent):
+            raise ValueError(
+                f"{self.clips.total} packed clips, clip_count says {len(self.parent)}"
+            )
         # Shard keys: each episode lists its shards; a clip names one by its position in it.
         shard_lists = episodes.column("shard_keys").combine_chunks()
         self.list_starts = shard_lists.offsets.to_numpy()[:-1].astype(np.int64)
@@ -252,7 +262,7 @@ class Exploder:
 
     def batch(self, start: int, stop: int) -> pa.RecordBatch:
         parent = self.parent[start:stop]
-        fields = {name: packed.take(start, stop) for name, packed in self.fields.items()}
+        fields = self.clips.take(start, stop)
         out: dict[str, pa.Array] = {}
         flat = self.list_starts[parent] + fields["shard_no"].astype(np.int64)
         out["shard_key"] = _dictionary(self.shard_codes[flat], self.shard_values)

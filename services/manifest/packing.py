@@ -1,11 +1,12 @@
-"""How `manifest_episodes` holds an episode's clips: one `bytea` per clip field (pure).
+"""How `manifest_episodes` holds an episode's clips: one `bytea` of fixed-size records (pure).
 
-Each column holds the episode's values of one clip field, in clip order, as fixed-width
-big-endian numbers (Postgres `*send` functions write network byte order). Because a query
-result's binary column is one contiguous buffer, a whole manifest's values of a field are then
-one zero-copy numpy view, byte-swapped once: no per-clip rows cross the wire or the parser.
-The same table generates the SQL that packs and the numpy types that unpack. Missing IMU ranges
-are stored as -1.
+The `clips` column holds one 64-byte record per clip, in clip order: the fields below as
+fixed-width big-endian numbers (Postgres `*send` functions write network byte order), back to
+back with no padding. Because a query result's binary column is one contiguous buffer, a whole
+manifest's clips are then one zero-copy numpy array of records, each field byte-swapped once
+while copied out; no per-clip rows cross the wire or the parser, and each episode row carries
+one field for all of it (Postgres formats and ADBC parses per field). The same table generates
+the SQL that packs and the numpy record type that unpacks. Missing IMU ranges are stored as -1.
 """
 
 from __future__ import annotations
@@ -31,34 +32,31 @@ FIELDS: tuple[tuple[str, str, str, str], ...] = (
     ("shard_no", "c.shard_no::int4", "int4send", ">i4"),
 )
 NO_RANGE = -1
+PACKED_COLUMN = "clips"
+RECORD = np.dtype([(name, np_type) for name, _, _, np_type in FIELDS])  # packed, big-endian
 
 
-def column_name(field: str) -> str:
-    """The `manifest_episodes` column that holds a packed field."""
-    return f"c_{field}"
+def pack_sql() -> str:
+    """The SQL aggregate packing the group's clips `c` into records, in clip-index order."""
+    record = " || ".join(f"{fn}({expr})" for _, expr, fn, _ in FIELDS)
+    return f"string_agg({record}, ''::bytea ORDER BY c.clip_index)"
 
 
-def pack_columns_sql() -> list[tuple[str, str]]:
-    """(column, SQL aggregate packing the group's clips `c` in clip-index order) per field."""
-    return [
-        (column_name(name), f"string_agg({fn}({expr}), ''::bytea ORDER BY c.clip_index)")
-        for name, expr, fn, _ in FIELDS
-    ]
-
-
-def big_endian_view(field: str, data: bytes | memoryview | NDArray[np.uint8]) -> NDArray[Any]:
-    """Packed values of one field as they are stored (a zero-copy view)."""
-    (np_type,) = [t for name, _, _, t in FIELDS if name == field]
-    return np.frombuffer(data, dtype=np.dtype(np_type))
+def records(data: bytes | memoryview | NDArray[np.uint8]) -> NDArray[Any]:
+    """Packed clips as stored: a zero-copy array of big-endian records."""
+    return np.frombuffer(data, dtype=RECORD)
 
 
 def unpack(field: str, data: bytes | memoryview | NDArray[np.uint8]) -> NDArray[Any]:
-    """Packed values of one field -> a native-endian numpy array."""
-    view = big_endian_view(field, data)
-    return view.astype(view.dtype.newbyteorder("="))
+    """One field of packed clips -> a native-endian numpy array."""
+    values = records(data)[field]
+    return values.astype(values.dtype.newbyteorder("="))
 
 
-def pack(field: str, values: list[Any]) -> bytes:
-    """Pack one field's values the way the SQL does (for tests and tools)."""
-    (np_type,) = [t for name, _, _, t in FIELDS if name == field]
-    return np.array([NO_RANGE if v is None else v for v in values], dtype=np_type).tobytes()
+def pack(clips: list[dict[str, Any]]) -> bytes:
+    """Pack clips (dicts with every field; None for a missing IMU range) the way the SQL does,
+    for tests and tools."""
+    out = np.zeros(len(clips), dtype=RECORD)
+    for name in RECORD.names or ():
+        out[name] = [NO_RANGE if clip[name] is None else clip[name] for clip in clips]
+    return out.tobytes()

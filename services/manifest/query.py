@@ -12,12 +12,12 @@ from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from services.manifest.packing import pack_columns_sql
+from services.manifest.packing import PACKED_COLUMN
 
 MANIFEST_FORMAT_VERSION = 2
 
 # Episode-level columns: one row per (pipeline version, episode) of `manifest_episodes`; the
-# build explodes each into its clips (`clip_count`, `shard_keys`, the packed `c_*` columns).
+# build explodes each into its clips (`clip_count`, `shard_keys`, the packed `clips` records).
 EPISODE_COLUMNS = """
     m.episode_id,
     m.device_id,
@@ -36,7 +36,7 @@ EPISODE_COLUMNS = """
     m.clip_count,
     m.shard_keys
 """
-COLUMNS = ",\n    ".join([EPISODE_COLUMNS.strip(), *(f"m.{c}" for c, _ in pack_columns_sql())])
+COLUMNS = f"{EPISODE_COLUMNS.strip()},\n    m.{PACKED_COLUMN}"
 
 
 class ManifestFilter(BaseModel):

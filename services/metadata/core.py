@@ -41,7 +41,7 @@ from schemas.events import (
     ShardsWritten,
     Verdict,
 )
-from services.manifest.packing import pack_columns_sql
+from services.manifest.packing import PACKED_COLUMN, pack_sql
 from services.metadata.warehouse import (
     clips,
     dead_letters,
@@ -225,15 +225,15 @@ _REFRESHED = (
     "raw_sha256",
     "clip_count",
     "shard_keys",
-    *(column for column, _ in pack_columns_sql()),
+    PACKED_COLUMN,
 )
 
 
 def _refresh_sql(where: str) -> str:
     return _REFRESH_SQL.format(
         where=where,
-        packed_columns=", ".join(column for column, _ in pack_columns_sql()),
-        packed_values=",\n       ".join(aggregate for _, aggregate in pack_columns_sql()),
+        packed_columns=PACKED_COLUMN,
+        packed_values=pack_sql(),
         updates=", ".join(f"{col} = excluded.{col}" for col in _REFRESHED),
     )
 

@@ -25,8 +25,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY, BYTEA, JSONB
 
 from services.common.settings import Settings
-from services.manifest.packing import FIELDS as PACKED_FIELDS
-from services.manifest.packing import column_name
+from services.manifest.packing import PACKED_COLUMN
 
 metadata = MetaData()
 
@@ -161,7 +160,7 @@ manifest_episodes = Table(
     Column("raw_sha256", String(64), nullable=False),
     Column("clip_count", Integer, nullable=False),
     Column("shard_keys", ARRAY(String(1024)), nullable=False),
-    *(Column(column_name(field), BYTEA, nullable=False) for field, *_ in PACKED_FIELDS),
+    Column(PACKED_COLUMN, BYTEA, nullable=False),
     Index("ix_manifest_episodes_started", "pipeline_version", "started_at"),
     Index("ix_manifest_episodes_device", "pipeline_version", "device_id"),
     Index("ix_manifest_episodes_tags", "tags", postgresql_using="gin"),

@@ -12,24 +12,35 @@ from hypothesis import given
 from hypothesis import strategies as st
 from sqlalchemy.dialects import postgresql
 
+from services.manifest import build
 from services.manifest.build import MANIFEST_COLUMNS, explode
 from services.manifest.lineage import lineage_query, mismatches
 from services.manifest.load import with_clip_key
-from services.manifest.packing import FIELDS, column_name, pack, pack_columns_sql, unpack
+from services.manifest.packing import FIELDS, PACKED_COLUMN, RECORD, pack, pack_sql, unpack
 from services.manifest.query import ManifestFilter, build_query, key_ranges, split_points
 
 
-@given(st.lists(st.integers(min_value=-1, max_value=2**62), max_size=50))
-def test_packing_round_trips_every_integer_field(values: list[int]) -> None:
-    for name, _, _, np_type in FIELDS:
-        if np_type.endswith("i8"):
-            assert unpack(name, pack(name, values)).tolist() == values
+@given(st.lists(st.integers(min_value=-1, max_value=2**31 - 20), max_size=50))
+def test_packing_round_trips_every_field(values: list[int]) -> None:
+    clips = [{name: v + i for i, (name, *_) in enumerate(FIELDS)} for v in values]
+    packed = pack(clips)
+    assert len(packed) == RECORD.itemsize * len(values)
+    for i, (name, *_) in enumerate(FIELDS):
+        assert unpack(name, packed).tolist() == [v + i for v in values]
 
 
-def test_pack_sql_orders_every_field_by_clip_index() -> None:
-    aggregates = dict(pack_columns_sql())
-    assert set(aggregates) == {column_name(f) for f, *_ in FIELDS}
-    assert all(a.endswith("ORDER BY c.clip_index)") for a in aggregates.values())
+def test_a_record_is_the_fields_back_to_back_big_endian() -> None:
+    clip = {name: i + 1 for i, (name, *_) in enumerate(FIELDS)}
+    packed = pack([clip])
+    assert RECORD.itemsize == 64 and packed[:8] == (1).to_bytes(8, "big")
+    assert packed[8:12] == (2).to_bytes(4, "big")  # length: int4
+
+
+def test_pack_sql_concatenates_every_field_in_order_and_orders_clips_by_index() -> None:
+    aggregate = pack_sql()
+    positions = [aggregate.index(f"{fn}({expr})") for _, expr, fn, _ in FIELDS]
+    assert positions == sorted(positions)
+    assert aggregate.endswith("ORDER BY c.clip_index)")
 
 
 def episode_rows(episodes: list[dict[str, Any]]) -> pa.Table:
@@ -52,16 +63,13 @@ def episode_rows(episodes: list[dict[str, Any]]) -> pa.Table:
         "clip_count": [],
         "shard_keys": [],
     }
-    packed: dict[str, list[bytes]] = {column_name(f): [] for f, *_ in FIELDS}
+    packed: list[bytes] = []
     for ep in episodes:
         for name in columns:
             columns[name].append(ep[name] if name != "clip_count" else len(ep["clips"]))
-        for field, *_ in FIELDS:
-            packed[column_name(field)].append(pack(field, [c[field] for c in ep["clips"]]))
+        packed.append(pack(ep["clips"]))
     table = pa.table(columns)
-    for name, values in packed.items():
-        table = table.append_column(name, pa.array(values, type=pa.binary()))
-    return table
+    return table.append_column(PACKED_COLUMN, pa.array(packed, type=pa.binary()))
 
 
 def clip(index: int, shard_no: int, imu: bool = True) -> dict[str, Any]:
@@ -156,4 +164,26 @@ def test_lineage_query_binds_the_episode_id() -> None:
     assert hostile not in str(compiled) and hostile in compiled.params.values()
     assert mismatches({"shard_key": "a", "length": 3}, {"shard_key": "a", "length": 4}) == [
         "length"
+    ]
+
+
+def test_batches_cut_across_result_chunks_and_cache_runs_give_the_same_rows(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    episodes = [
+        episode(f"ep{i}", f"dev{i % 3}", [f"s{i}", f"s{i + 1}"], [clip(j, j % 2) for j in range(i)])
+        for i in range(9)
+    ]
+    whole = episode_rows(episodes)
+    # The query's result arrives in several chunks; the explode copies 2 records at a time.
+    chunked = pa.concat_tables([episode_rows(episodes[i : i + 2]) for i in range(0, 9, 2)])
+    assert chunked.column(PACKED_COLUMN).num_chunks == 5
+    monkeypatch.setattr(build, "CACHE_RECORDS", 2)
+    exploder = build.Exploder(chunked)
+    batches = list(exploder.batches(size=5))
+    assert [b.num_rows for b in batches] == [5] * 7 + [1]
+    got = pa.Table.from_batches(batches).to_pylist()
+    assert got == explode(whole).to_pylist()
+    assert [(r["episode_id"], r["clip_index"]) for r in got] == [
+        (f"ep{i}", j) for i in range(9) for j in range(i)
     ]

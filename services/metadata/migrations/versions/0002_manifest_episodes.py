@@ -99,12 +99,8 @@ def upgrade() -> None:
     op.create_index(
         "ix_manifest_episodes_tags", "manifest_episodes", ["tags"], postgresql_using="gin"
     )
-    # Backfill from what the warehouse already holds: the statement the service runs, so that a
-    # warehouse migrated with data in it matches one filled by the service.
-    from services.metadata.core import refresh_all_manifest_episodes
-
-    for _ in refresh_all_manifest_episodes(op.get_bind()):
-        pass
+    # The backfill from what the warehouse already holds runs in 0004, the revision of the
+    # current packed layout: the service's refresh statement only fits the newest columns.
 
 
 def downgrade() -> None:

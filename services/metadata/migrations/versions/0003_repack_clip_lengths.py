@@ -7,8 +7,6 @@ Create Date: 2026-12-02 22:50:00
 
 from __future__ import annotations
 
-from alembic import op
-
 revision = "0003"
 down_revision = "0002"
 branch_labels = None
@@ -16,12 +14,9 @@ depends_on = None
 
 
 def upgrade() -> None:
-    # The packed layout (services/manifest/packing.py) changed: recompute every row from the
-    # normalized tables, the statement the metadata service runs.
-    from services.metadata.core import refresh_all_manifest_episodes
-
-    for _ in refresh_all_manifest_episodes(op.get_bind()):
-        pass
+    # The rows are recomputed in 0004 (the packed layout changed again; the service's refresh
+    # statement only fits the newest columns).
+    pass
 
 
 def downgrade() -> None:
