@@ -235,9 +235,7 @@ class Exploder:
         self.parent = np.repeat(np.arange(len(counts), dtype=np.int32), counts)
         self.clips = _Clips.of(episodes.column(PACKED_COLUMN))
         if self.clips.total != len(self.parent):
-            raise ValueError(
-                f"{self.clips.total} packed clips, clip_count says {len(self.parent)}"
-            )
+            raise ValueError(f"{self.clips.total} packed clips, clip_count says {len(self.parent)}")
         # Shard keys: each episode lists its shards; a clip names one by its position in it.
         shard_lists = episodes.column("shard_keys").combine_chunks()
         self.list_starts = shard_lists.offsets.to_numpy()[:-1].astype(np.int64)
