@@ -150,6 +150,18 @@ def fresh_memory_cost(gib: float = 1.0) -> float:
     return (time.perf_counter() - started) / gib
 
 
+def settle(idle_percent: float = 20.0, quiet_s: int = 3, limit_s: float = 120.0) -> float:
+    """Wait until the machine is idle (system-wide CPU below `idle_percent` for `quiet_s`
+    consecutive seconds, at most `limit_s`), so the timed build does not share the cores with
+    what the untimed load left running (autovacuum, the checkpointer, the kernel returning
+    freed memory). Returns the seconds waited."""
+    started = time.perf_counter()
+    quiet = 0
+    while quiet < quiet_s and time.perf_counter() - started < limit_s:
+        quiet = quiet + 1 if psutil.cpu_percent(interval=1.0) < idle_percent else 0
+    return time.perf_counter() - started
+
+
 def _rss_mb() -> float:
     return float(psutil.Process().memory_info().rss) / 2**20
 
@@ -240,6 +252,7 @@ def bench_manifest(
         with bench_database(settings, rows, keep, log) as bench:
             engine = make_engine(bench)
             first_touch = fresh_memory_cost()
+            settled_s = settle()
             flt = ManifestFilter(verdicts=[])  # every clip: the timed build returns `rows`
             log("building the manifest")
             built = build_manifest(bench.database_libpq_url, engine, store, flt, out_dir)
@@ -286,6 +299,7 @@ def bench_manifest(
             "scan_length_column_s": round(scan_s, 4),
             "clip_bytes_total": total_bytes,
             "vm_first_touch_s_per_gib": round(first_touch, 3),
+            "settle_s": round(settled_s, 1),
             "naive_rows": naive_rows,
             "naive_s": round(naive_s, 3),
             "naive_rows_per_s": round(naive_rows_per_s),

@@ -159,6 +159,19 @@ def _index_type(size: int) -> pa.DataType:
     return pa.int32()
 
 
+def _encode(column: pa.ChunkedArray) -> tuple[pa.Array, NDArray[Any]]:
+    """Distinct values of a string column and each row's code, in the narrowest index type
+    (chunk by chunk against one dictionary: the column is never copied whole)."""
+    encoded = column.dictionary_encode()
+    chunks = [chunk for chunk in encoded.chunks if len(chunk)]
+    if not chunks:
+        return pa.array([], type=column.type), np.zeros(0, dtype=np.int8)
+    dictionary = chunks[-1].dictionary  # one memo table: every chunk's is a prefix of the last
+    index_type = _index_type(len(dictionary)).to_pandas_dtype()
+    codes = np.concatenate([c.indices.to_numpy(zero_copy_only=False) for c in chunks])
+    return dictionary, codes.astype(index_type, copy=False)
+
+
 def _dictionary(indices: NDArray[np.integer[Any]], values: pa.Array) -> pa.DictionaryArray:
     index_type = _index_type(len(values))
     return pa.DictionaryArray.from_arrays(
@@ -198,13 +211,10 @@ class _Clips:
     def total(self) -> int:
         return int(self.starts[-1])
 
-    def take(self, start: int, stop: int) -> dict[str, NDArray[Any]]:
-        """Clip rows [start, stop): each field as a native-endian array (byte-swapped while
-        copied out, a cache-sized run of records at a time)."""
-        out = {
-            name: np.empty(stop - start, dtype=RECORD[name].newbyteorder("="))
-            for name in RECORD.names or ()
-        }
+    def take(self, start: int, stop: int, out: dict[str, NDArray[Any]]) -> None:
+        """Clip rows [start, stop) into `out`, each field a native-endian array of at least
+        stop - start values (byte-swapped while copied out, a cache-sized run of records at a
+        time)."""
         first = max(int(np.searchsorted(self.starts, start, side="right")) - 1, 0)
         position = start
         for i in range(first, len(self.views)):
@@ -213,12 +223,11 @@ class _Clips:
             for run in range(0, len(view), CACHE_RECORDS):
                 piece = view[run : run + CACHE_RECORDS]
                 at = position - start + run
-                for name, values in out.items():
-                    values[at : at + len(piece)] = piece[name]
+                for name in RECORD.names or ():
+                    out[name][at : at + len(piece)] = piece[name]
             position += len(view)
             if position >= stop:
                 break
-        return out
 
 
 class Exploder:
@@ -237,59 +246,90 @@ class Exploder:
         if self.clips.total != len(self.parent):
             raise ValueError(f"{self.clips.total} packed clips, clip_count says {len(self.parent)}")
         # Shard keys: each episode lists its shards; a clip names one by its position in it.
-        shard_lists = episodes.column("shard_keys").combine_chunks()
-        self.list_starts = shard_lists.offsets.to_numpy()[:-1].astype(np.int64)
-        shards = shard_lists.flatten().dictionary_encode()
-        self.shard_codes = shards.indices.to_numpy(zero_copy_only=False)
-        self.shard_values = shards.dictionary
+        # Encoded chunk by chunk against one dictionary: no copy of the lists.
+        lists = [chunk for chunk in episodes.column("shard_keys").chunks if len(chunk)]
+        starts, base = [], 0
+        for chunk in lists:
+            offsets = chunk.offsets.to_numpy()
+            starts.append(offsets[:-1].astype(np.int64) - int(offsets[0]) + base)
+            base += int(offsets[-1] - offsets[0])
+        self.list_starts = np.concatenate(starts) if starts else np.zeros(0, np.int64)
+        flat = pa.chunked_array([chunk.flatten() for chunk in lists], type=pa.string())
+        self.shard_values, self.shard_codes = _encode(flat)
         self.unique = {name: episodes.column(name).combine_chunks() for name in UNIQUE_STRINGS}
-        self.shared: dict[str, tuple[NDArray[Any], pa.Array]] = {}
-        for name in SHARED_STRINGS:
-            encoded = episodes.column(name).combine_chunks().dictionary_encode()
-            self.shared[name] = (encoded.indices.to_numpy(zero_copy_only=False), encoded.dictionary)
-        self.numbers: dict[str, tuple[NDArray[Any], pa.DataType, pa.DataType]] = {}
+        self.shared = {name: _encode(episodes.column(name)) for name in SHARED_STRINGS}
+        self.numbers: dict[str, tuple[NDArray[Any], pa.DataType]] = {}
         for name in EPISODE_NUMBERS:
             array = episodes.column(name).combine_chunks()
             storage = pa.int64() if pa.types.is_timestamp(array.type) else array.type
-            values = array.cast(storage).to_numpy(zero_copy_only=False)
-            self.numbers[name] = (values, storage, array.type)
+            self.numbers[name] = (array.cast(storage).to_numpy(zero_copy_only=False), array.type)
 
     @property
     def rows(self) -> int:
         return len(self.parent)
 
-    def batch(self, start: int, stop: int) -> pa.RecordBatch:
+    def buffers(self, size: int) -> dict[str, NDArray[Any]]:
+        """Room for a batch of up to `size` clip rows: `batch(..., into=)` fills it, so a
+        writer that is done with one batch before asking for the next reuses the same memory."""
+        out = {
+            name: np.empty(size, dtype=RECORD[name].newbyteorder("="))
+            for name in RECORD.names or ()
+        }
+        out["shard_key"] = np.empty(size, dtype=self.shard_codes.dtype)
+        out["flat"] = np.empty(size, dtype=np.int64)
+        for name, (_, codes) in self.shared.items():
+            out[name] = np.empty(size, dtype=codes.dtype)
+        for name, (numbers, _) in self.numbers.items():
+            out[name] = np.empty(size, dtype=numbers.dtype)
+        return out
+
+    def batch(
+        self, start: int, stop: int, into: dict[str, NDArray[Any]] | None = None
+    ) -> pa.RecordBatch:
+        """Clip rows [start, stop). Without `into`, in fresh memory; with it, in those buffers
+        (valid until they are filled again)."""
+        size = stop - start
+        room = into if into is not None else self.buffers(size)
+        buf = {name: values[:size] for name, values in room.items()}
         parent = self.parent[start:stop]
-        fields = self.clips.take(start, stop)
-        out: dict[str, pa.Array] = {}
-        flat = self.list_starts[parent] + fields["shard_no"].astype(np.int64)
-        out["shard_key"] = _dictionary(self.shard_codes[flat], self.shard_values)
-        for name in ("byte_offset", "json_offset"):
-            out[name] = pa.array(fields[name], type=pa.int64())
-        for name in ("length", "json_length"):
-            out[name] = pa.array(fields[name], type=pa.int32())
-        no_imu = fields["imu_offset"] == NO_RANGE
-        out["imu_offset"] = pa.array(fields["imu_offset"], type=pa.int64(), mask=no_imu)
-        out["imu_length"] = pa.array(fields["imu_length"], type=pa.int32(), mask=no_imu)
-        out["clip_index"] = pa.array(fields["clip_index"], type=pa.int32())
-        out["frame_count"] = pa.array(fields["frame_count"], type=pa.int32())
-        out["clip_start_s"] = pa.array(fields["clip_start_s"], type=pa.float64())
-        out["clip_duration_s"] = pa.array(fields["clip_duration_s"], type=pa.float64())
+        self.clips.take(start, stop, buf)
+        np.take(self.list_starts, parent, out=buf["flat"], mode="clip")
+        buf["flat"] += buf["shard_no"]
+        np.take(self.shard_codes, buf["flat"], out=buf["shard_key"], mode="clip")
+        out: dict[str, pa.Array] = {
+            "shard_key": _dictionary(buf["shard_key"], self.shard_values),
+            "byte_offset": pa.array(buf["byte_offset"], type=pa.int64()),
+            "json_offset": pa.array(buf["json_offset"], type=pa.int64()),
+            "length": pa.array(buf["length"], type=pa.int32()),
+            "json_length": pa.array(buf["json_length"], type=pa.int32()),
+            "clip_index": pa.array(buf["clip_index"], type=pa.int32()),
+            "frame_count": pa.array(buf["frame_count"], type=pa.int32()),
+            "clip_start_s": pa.array(buf["clip_start_s"], type=pa.float64()),
+            "clip_duration_s": pa.array(buf["clip_duration_s"], type=pa.float64()),
+        }
+        no_imu = buf["imu_offset"] == NO_RANGE
+        out["imu_offset"] = pa.array(buf["imu_offset"], type=pa.int64(), mask=no_imu)
+        out["imu_length"] = pa.array(buf["imu_length"], type=pa.int32(), mask=no_imu)
         for name, values in self.unique.items():
             out[name] = _dictionary(parent, values)
-        for name, (codes, dictionary) in self.shared.items():
-            out[name] = _dictionary(codes[parent], dictionary)
-        for name, (numbers, storage, arrow_type) in self.numbers.items():
-            out[name] = pa.array(numbers[parent], type=storage).cast(arrow_type)
+        for name, (dictionary, codes) in self.shared.items():
+            np.take(codes, parent, out=buf[name], mode="clip")
+            out[name] = _dictionary(buf[name], dictionary)
+        for name, (numbers, arrow_type) in self.numbers.items():
+            np.take(numbers, parent, out=buf[name], mode="clip")
+            out[name] = pa.Array.from_buffers(arrow_type, size, [None, pa.py_buffer(buf[name])])
         return pa.record_batch([out[n] for n in MANIFEST_COLUMNS], names=list(MANIFEST_COLUMNS))
 
     @property
     def schema(self) -> pa.Schema:
         return self.batch(0, 0).schema
 
-    def batches(self, size: int = BATCH_ROWS) -> Iterator[pa.RecordBatch]:
+    def batches(self, size: int = BATCH_ROWS, reuse: bool = False) -> Iterator[pa.RecordBatch]:
+        """The clip rows in batches of `size`. With `reuse`, every batch is built in the same
+        buffers: for a consumer that is done with each batch before the next (a writer)."""
+        room = self.buffers(min(size, self.rows)) if reuse else None
         for start in range(0, self.rows, size):
-            yield self.batch(start, min(start + size, self.rows))
+            yield self.batch(start, min(start + size, self.rows), room)
 
 
 def explode(episodes: pa.Table) -> pa.Table:
@@ -348,7 +388,7 @@ def build_manifest(
     schema = exploder.schema.with_metadata(metadata(flt, sql))
     exploded = time.perf_counter()
     staging = out_dir / "manifest.arrow.partial"
-    manifest_id = write_batches(schema, exploder.batches(), staging)
+    manifest_id = write_batches(schema, exploder.batches(reuse=True), staging)
     rows = exploder.rows
     del exploder, episodes
     final = out_dir / f"{manifest_id}.arrow"

@@ -4,6 +4,7 @@ lineage query, without a database."""
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -15,7 +16,7 @@ from sqlalchemy.dialects import postgresql
 from services.manifest import build
 from services.manifest.build import MANIFEST_COLUMNS, explode
 from services.manifest.lineage import lineage_query, mismatches
-from services.manifest.load import with_clip_key
+from services.manifest.load import load_manifest, with_clip_key
 from services.manifest.packing import FIELDS, PACKED_COLUMN, RECORD, pack, pack_sql, unpack
 from services.manifest.query import ManifestFilter, build_query, key_ranges, split_points
 
@@ -168,7 +169,7 @@ def test_lineage_query_binds_the_episode_id() -> None:
 
 
 def test_batches_cut_across_result_chunks_and_cache_runs_give_the_same_rows(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     episodes = [
         episode(f"ep{i}", f"dev{i % 3}", [f"s{i}", f"s{i + 1}"], [clip(j, j % 2) for j in range(i)])
@@ -187,3 +188,7 @@ def test_batches_cut_across_result_chunks_and_cache_runs_give_the_same_rows(
     assert [(r["episode_id"], r["clip_index"]) for r in got] == [
         (f"ep{i}", j) for i in range(9) for j in range(i)
     ]
+    # Reused buffers (the write path): each batch is written before the next overwrites them.
+    path = tmp_path / "reused.arrow"
+    build.write_batches(exploder.schema, exploder.batches(size=5, reuse=True), path)
+    assert load_manifest(path).to_pylist() == got
