@@ -3,9 +3,12 @@ row into its clips, write an uncompressed Arrow IPC file (repeated strings dicti
 name it by its sha256, store it, record it.
 
 The query returns one row per episode with its clips packed (services/manifest/packing.py), so
-Postgres and the wire carry each episode's strings once, not once per clip; the explode is
-vectorised numpy, and the per-episode strings become the dictionaries of their columns (the
-per-clip indices point at the episode row), so they are never copied per clip.
+Postgres and the wire carry each episode's strings once, not once per clip. It runs as parallel
+key-range slices in one exported snapshot, streamed by COPY (bound values rendered as literals:
+see `render`). The explode is vectorised numpy, one record batch at a time into reused buffers;
+per-episode strings become the dictionaries of their columns (the per-clip indices point at the
+episode row), so they are never copied per clip. The file goes out through a hashing O_DIRECT
+sink (services/manifest/sink.py). Measurements behind each choice: docs/performance.md.
 """
 
 from __future__ import annotations
