@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import itertools
 import logging
+import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -16,11 +17,15 @@ from pathlib import Path
 from typing import cast
 
 import av
+import av.audio.stream
 import av.error
+import av.stream
 import numpy as np
 from av.container import OutputContainer
 from av.video.stream import VideoStream
 from numpy.typing import NDArray
+
+from services.media.cutting import PacketRun, clean_cuts, entry_points, plan_runs
 
 logging.getLogger("libav").setLevel(logging.CRITICAL)
 av.logging.set_level(av.logging.PANIC)
@@ -143,6 +148,9 @@ def rgb_to_yuv420p(rgb: NDArray[np.uint8]) -> NDArray[np.uint8]:
 
 @dataclass
 class StreamProbe:
+    """One video stream. Times in seconds; `start_s` is on the file's own clock (first pts),
+    every other time list is relative to that first pts."""
+
     index: int
     codec: str
     width: int
@@ -158,6 +166,28 @@ class StreamProbe:
     non_monotonic_count: int
     corrupt_packet_count: int
     max_gap_s: float
+    start_s: float = 0.0
+    entry_times_s: list[float] = field(default_factory=list)
+    clean_cut_times_s: list[float] = field(default_factory=list)
+    title: str | None = None
+    bit_depth: int = 8
+    intra_only: bool = False
+    jitter_s: float = 0.0
+    drift_ppm: float = 0.0
+    vfr: bool = False
+
+
+@dataclass
+class AudioProbe:
+    """One audio stream: what a clip keeps of it is cut by time."""
+
+    index: int
+    codec: str
+    sample_rate: int
+    channels: int
+    start_s: float
+    duration_s: float
+    packet_count: int
 
 
 @dataclass
@@ -167,6 +197,12 @@ class ContainerProbe:
     complete: bool
     streams: list[StreamProbe] = field(default_factory=list)
     error: str | None = None
+    audio: list[AudioProbe] = field(default_factory=list)
+    size_bytes: int = 0
+    # Set when the file was cut short (power loss mid-write): packets past this byte are not
+    # whole, and what lies before it is what the episode keeps.
+    salvage_limit_bytes: int | None = None
+    salvaged_s: float | None = None
 
 
 def _seconds(value: int | None, time_base: Fraction | None) -> float:
@@ -178,59 +214,8 @@ def _seconds(value: int | None, time_base: Fraction | None) -> float:
 # The probe keeps ~100 bytes per packet: this bounds its memory at a few hundred MB whatever
 # the file claims (18.5 h of 30 fps video; a file of millions of tiny packets is hostile).
 MAX_PACKETS = 2_000_000
-
-
-def probe_container(path: Path, max_packets: int = MAX_PACKETS) -> ContainerProbe:
-    """Demux every packet (no decoding) and index each video stream's GOPs and timestamps.
-
-    Raises ProbeError when the file is not a readable video container at all, or holds more
-    than `max_packets` video packets.
-    """
-    try:
-        container = av.open(str(path))
-    except (av.error.FFmpegError, UnicodeDecodeError) as exc:
-        raise ProbeError(f"cannot open container: {exc}") from exc
-    with container:
-        videos = list(container.streams.video)
-        if not videos:
-            raise ProbeError("no video stream")
-        header_duration = (container.duration or 0) / 1_000_000  # AV_TIME_BASE is microseconds
-        state = {s.index: _PacketLog() for s in videos}
-        error: str | None = None
-        count = 0
-        try:
-            for packet in container.demux(videos):
-                if packet.size == 0:  # flush packet at end of stream
-                    continue
-                count += 1
-                if count > max_packets:
-                    raise ProbeError(f"more than {max_packets} video packets")
-                entry = state[packet.stream.index]
-                entry.dts.append(packet.dts)
-                entry.pts.append(packet.pts)
-                entry.durations.append(packet.duration or 0)
-                entry.positions.append(packet.pos if packet.pos is not None else -1)
-                entry.sizes.append(packet.size)
-                entry.key_flags.append(bool(packet.is_keyframe))
-                if packet.is_keyframe:
-                    entry.keyframes.append(packet.pts)
-                if packet.is_corrupt:
-                    entry.corrupt += 1
-        except av.error.FFmpegError as exc:
-            error = f"demux stopped early: {exc}"
-        streams = [_stream_probe(s, state[s.index]) for s in videos]
-    primary = streams[0]
-    duration = header_duration or primary.duration_s
-    # Complete: demux reached the end cleanly and the packets cover the duration the header
-    # announces (a truncated MKV/WebM keeps its header but loses its tail).
-    covers = primary.duration_s >= duration - max(0.5, 2.0 / max(primary.fps, 1.0))
-    return ContainerProbe(
-        format_name=str(container.format.name),
-        duration_s=duration,
-        complete=error is None and covers,
-        streams=streams,
-        error=error,
-    )
+# Codecs whose every frame is a keyframe (no inter prediction): cut anywhere.
+INTRA_ONLY_CODECS = frozenset({"ffv1", "mjpeg", "png", "rawvideo", "prores", "utvideo", "huffyuv"})
 
 
 @dataclass
@@ -245,6 +230,184 @@ class _PacketLog:
     sizes: list[int] = field(default_factory=list)
     key_flags: list[bool] = field(default_factory=list)
     corrupt: int = 0
+
+    def truncate_at(self, limit: int) -> None:
+        """Drop the packets whose bytes reach past `limit` (and everything after them in
+        decode order: a decode-order prefix always decodes)."""
+        keep = len(self.positions)
+        for i, (pos, size) in enumerate(zip(self.positions, self.sizes, strict=True)):
+            if pos >= 0 and pos + size > limit:
+                keep = i
+                break
+        for name in ("dts", "pts", "durations", "positions", "sizes", "key_flags"):
+            del getattr(self, name)[keep:]
+        self.keyframes = [p for p, k in zip(self.pts, self.key_flags, strict=True) if k]
+
+
+@dataclass(frozen=True)
+class _StreamMeta:
+    """What the probe needs of a stream, copied while the container is open."""
+
+    index: int
+    kind: str
+    time_base: Fraction | None
+    rate: Fraction | None
+    codec: str
+    width: int
+    height: int
+    pix_fmt: str | None
+    bit_rate: int | None
+    metadata: dict[str, str]
+    sample_rate: int
+    channels: int
+
+
+def _stream_meta(stream: av.stream.Stream) -> _StreamMeta:
+    ctx = stream.codec_context
+    video = isinstance(stream, VideoStream)
+    rate = (stream.average_rate or stream.guessed_rate) if video else None
+    return _StreamMeta(
+        index=stream.index,
+        kind=str(stream.type),
+        time_base=stream.time_base,
+        rate=rate,
+        codec=canonical_codec(stream),
+        width=int(getattr(ctx, "width", 0) or 0),
+        height=int(getattr(ctx, "height", 0) or 0),
+        pix_fmt=_pix_fmt(stream),
+        bit_rate=int(ctx.bit_rate) if ctx.bit_rate else None,
+        metadata=dict(stream.metadata),
+        sample_rate=int(getattr(ctx, "sample_rate", 0) or 0),
+        channels=int(getattr(ctx, "channels", 0) or 0),
+    )
+
+
+@dataclass
+class _Demuxed:
+    format_name: str
+    header_duration_s: float
+    videos: list[_StreamMeta]
+    audio: list[_StreamMeta]
+    logs: dict[int, _PacketLog]
+    error: str | None
+    size_bytes: int
+
+
+def _demux_index(path: Path, max_packets: int, with_audio: bool = True) -> _Demuxed:
+    """One demux pass (no decoding) logging every packet's timestamps and byte range."""
+    try:
+        container = av.open(str(path))
+    except (av.error.FFmpegError, UnicodeDecodeError) as exc:
+        raise ProbeError(f"cannot open container: {exc}") from exc
+    with container:
+        videos = list(container.streams.video)
+        if not videos:
+            raise ProbeError("no video stream")
+        audio = list(container.streams.audio) if with_audio else []
+        header_duration = (container.duration or 0) / 1_000_000  # AV_TIME_BASE is microseconds
+        logs = {s.index: _PacketLog() for s in [*videos, *audio]}
+        error: str | None = None
+        count = 0
+        try:
+            for packet in container.demux([*videos, *audio]):
+                if packet.size == 0:  # flush packet at end of stream
+                    continue
+                count += 1
+                if count > max_packets:
+                    raise ProbeError(f"more than {max_packets} video and audio packets")
+                entry = logs[packet.stream.index]
+                entry.dts.append(packet.dts)
+                entry.pts.append(packet.pts)
+                entry.durations.append(packet.duration or 0)
+                entry.positions.append(packet.pos if packet.pos is not None else -1)
+                entry.sizes.append(packet.size)
+                entry.key_flags.append(bool(packet.is_keyframe))
+                if packet.is_keyframe:
+                    entry.keyframes.append(packet.pts)
+                if packet.is_corrupt:
+                    entry.corrupt += 1
+        except av.error.FFmpegError as exc:
+            error = f"demux stopped early: {exc}"
+        fmt = str(container.format.name)
+        video_meta = [_stream_meta(v) for v in videos]
+        audio_meta = [_stream_meta(a) for a in audio]
+    return _Demuxed(fmt, header_duration, video_meta, audio_meta, logs, error, path.stat().st_size)
+
+
+def _salvage_limit(path: Path, format_name: str, size: int) -> int:
+    """The byte offset up to which a cut-short file is whole. ISO BMFF (MP4, fragmented MP4):
+    the end of the last complete top-level box (a fragment is a moof+mdat pair). Others
+    (Matroska): the file size less one byte, so a packet that reaches the very end, which
+    may have been cut, is dropped."""
+    if "mp4" not in format_name and "mov" not in format_name:
+        return size - 1
+    end = 0
+    with path.open("rb") as handle:
+        while end + 8 <= size:
+            handle.seek(end)
+            head = handle.read(16)
+            box = int.from_bytes(head[:4], "big")
+            if box == 1 and len(head) >= 16:
+                box = int.from_bytes(head[8:16], "big")
+            if box < 8 or end + box > size:
+                break
+            end += box
+    return end
+
+
+def probe_container(path: Path, max_packets: int = MAX_PACKETS) -> ContainerProbe:
+    """Demux every packet (no decoding) and index each video stream's GOPs and timestamps.
+
+    A file cut short mid-write (power loss) keeps its whole packets: `salvage_limit_bytes` and
+    `salvaged_s` say how much. Raises ProbeError when the file is not a readable video
+    container at all, or holds more than `max_packets` packets.
+    """
+    demuxed = _demux_index(path, max_packets)
+    videos = demuxed.videos
+    primary_log = demuxed.logs[videos[0].index]
+    first_streams = [_stream_probe(s, demuxed.logs[s.index]) for s in videos]
+    primary = first_streams[0]
+    duration = demuxed.header_duration_s or primary.duration_s
+    # Complete: demux reached the end cleanly and the packets cover the duration the header
+    # announces (a truncated MKV/WebM keeps its header but loses its tail).
+    covers = primary.duration_s >= duration - max(0.5, 2.0 / max(primary.fps, 1.0))
+    complete = demuxed.error is None and covers
+    limit: int | None = None
+    salvaged: float | None = None
+    if not complete and primary_log.pts:
+        limit = _salvage_limit(path, demuxed.format_name, demuxed.size_bytes)
+        for log in demuxed.logs.values():
+            log.truncate_at(limit)
+    streams = (
+        first_streams
+        if limit is None
+        else [_stream_probe(s, demuxed.logs[s.index]) for s in videos]
+    )
+    if limit is not None:
+        salvaged = streams[0].duration_s
+    return ContainerProbe(
+        format_name=demuxed.format_name,
+        duration_s=duration,
+        complete=complete,
+        streams=streams,
+        error=demuxed.error,
+        audio=[_audio_probe(a, demuxed.logs[a.index]) for a in demuxed.audio],
+        size_bytes=demuxed.size_bytes,
+        salvage_limit_bytes=limit,
+        salvaged_s=salvaged,
+    )
+
+
+def packet_indexes(
+    path: Path, salvage_limit_bytes: int | None = None, max_packets: int = MAX_PACKETS
+) -> dict[int, NDArray[np.void]]:
+    """The packet index of every video and audio stream (decode order), cut at the salvage
+    limit the probe found, so the shard stage plans clips on exactly the packets decode saw."""
+    demuxed = _demux_index(path, max_packets)
+    if salvage_limit_bytes is not None:
+        for log in demuxed.logs.values():
+            log.truncate_at(salvage_limit_bytes)
+    return {index: packet_table(log) for index, log in demuxed.logs.items()}
 
 
 PACKET_INDEX_DTYPE = np.dtype(
@@ -266,39 +429,91 @@ def packet_table(entry: _PacketLog) -> NDArray[np.void]:
     return table
 
 
-def _stream_probe(stream: VideoStream, entry: _PacketLog) -> StreamProbe:
+def canonical_codec(stream: av.stream.Stream) -> str:
+    """The codec's own name (h264, hevc, av1, ffv1...), never the decoder's (libdav1d)."""
+    codec = stream.codec_context.codec
+    return str(getattr(codec, "canonical_name", None) or codec.name)
+
+
+def _rotation(meta: _StreamMeta) -> int:
+    try:
+        return int(meta.metadata.get("rotate", "0"))
+    except ValueError:
+        return 0
+
+
+def _bit_depth(pix_fmt: str | None) -> int:
+    if not pix_fmt:
+        return 8
+    try:
+        return int(av.VideoFormat(pix_fmt).components[0].bits)
+    except (ValueError, IndexError):
+        return 8
+
+
+def _stream_probe(stream: _StreamMeta, entry: _PacketLog) -> StreamProbe:
     tb = stream.time_base
     dts = [d for d in entry.dts if d is not None]
     pts = sorted(p for p in entry.pts if p is not None)
     non_monotonic = sum(1 for a, b in itertools.pairwise(dts) if b <= a)
     gaps = [_seconds(b - a, tb) for a, b in itertools.pairwise(pts)]
     last_dur = entry.durations[-1] if entry.durations else 0
+    if pts and not last_dur and gaps:
+        last_dur = round(float(np.median(gaps)) / float(tb)) if tb else 0
     duration = _seconds(pts[-1] - pts[0] + last_dur, tb) if pts else 0.0
-    rate = stream.average_rate or stream.guessed_rate
-    ctx = stream.codec_context
-    rotation = 0
-    try:
-        rotation = int(stream.metadata.get("rotate", "0"))
-    except ValueError:
-        rotation = 0
+    rate = stream.rate
+    fps = float(rate) if rate else 0.0
+    codec = stream.codec
+    table = packet_table(entry)
+    origin = pts[0] if pts else 0
+    key = table["keyframe"]
+    entries = entry_points(table["pts"], key) if len(table) else np.array([], dtype=np.intp)
+    cleans = clean_cuts(table["pts"], key) if len(table) else np.array([], dtype=np.intp)
+    jitter = float(np.std(gaps)) if len(gaps) > 1 else 0.0
+    mean_gap = float(np.mean(gaps)) if gaps else 0.0
+    drift = (mean_gap * fps - 1.0) * 1e6 if fps and mean_gap else 0.0
+    median_gap = float(np.median(gaps)) if gaps else 0.0
+    vfr = bool(gaps) and max(gaps) - min(gaps) > 0.01 * max(median_gap, 1e-9)
     return StreamProbe(
         index=stream.index,
-        codec=str(ctx.name),
-        width=int(ctx.width or 0),
-        height=int(ctx.height or 0),
-        fps=float(rate) if rate else 0.0,
-        pix_fmt=str(ctx.pix_fmt) if ctx.pix_fmt else None,
-        bit_rate=int(ctx.bit_rate) if ctx.bit_rate else None,
-        rotation_deg=rotation,
+        codec=codec,
+        width=stream.width,
+        height=stream.height,
+        fps=fps,
+        pix_fmt=stream.pix_fmt,
+        bit_rate=stream.bit_rate,
+        rotation_deg=_rotation(stream),
         duration_s=duration,
         frame_count=len(entry.pts),
-        keyframe_times_s=sorted(
-            _seconds(k - (pts[0] if pts else 0), tb) for k in entry.keyframes if k is not None
-        ),
+        keyframe_times_s=sorted(_seconds(k - origin, tb) for k in entry.keyframes if k is not None),
         non_monotonic_count=non_monotonic,
         corrupt_packet_count=entry.corrupt,
         max_gap_s=max(gaps, default=0.0),
-        packet_index=packet_table(entry),
+        packet_index=table,
+        start_s=_seconds(origin, tb),
+        entry_times_s=sorted(_seconds(int(table["pts"][i]) - origin, tb) for i in entries),
+        clean_cut_times_s=sorted(_seconds(int(table["pts"][i]) - origin, tb) for i in cleans),
+        title=stream.metadata.get("title") or None,
+        bit_depth=_bit_depth(stream.pix_fmt),
+        intra_only=codec in INTRA_ONLY_CODECS,
+        jitter_s=jitter,
+        drift_ppm=drift,
+        vfr=vfr,
+    )
+
+
+def _audio_probe(stream: _StreamMeta, entry: _PacketLog) -> AudioProbe:
+    tb = stream.time_base
+    pts = sorted(p for p in entry.pts if p is not None)
+    last = entry.durations[-1] if entry.durations else 0
+    return AudioProbe(
+        index=stream.index,
+        codec=stream.codec,
+        sample_rate=stream.sample_rate,
+        channels=stream.channels,
+        start_s=_seconds(pts[0], tb) if pts else 0.0,
+        duration_s=_seconds(pts[-1] - pts[0] + last, tb) if pts else 0.0,
+        packet_count=len(entry.pts),
     )
 
 
@@ -309,92 +524,266 @@ class KeyframeCheck:
     first_error: str | None
 
 
-def decode_keyframes(path: Path, stream_index: int, full: bool = False) -> KeyframeCheck:
+def decode_keyframes(
+    path: Path, stream_index: int, full: bool = False, salvage_limit_bytes: int | None = None
+) -> KeyframeCheck:
     """Decode only the keyframes of one stream (or every frame when `full`).
 
-    Returns how many frames came out and how many packets the decoder refused.
+    One pass sends every packet (skip_frame=NONKEY: non-key packets are only parsed, which
+    still catches garbage where a keyframe flag was lost). When fewer frames come out than
+    there are keyframes and the decoder raised nothing, the shortfall may only be frames the
+    decoder still holds (B-frame reordering, frame threads, HEVC output bumping): a second pass
+    then decodes each keyframe on its own (sent, drained, reset), so the verdict never depends on
+    a decoder's output delay. A file cut short is checked up to its salvage limit.
     """
-    decoded = failed = 0
+    first = _keyframe_pass(path, stream_index, full, salvage_limit_bytes, isolated=False)
+    if full or first.failed or first.decoded >= first.keyframes:
+        return KeyframeCheck(first.decoded, first.failed, first.first_error)
+    second = _keyframe_pass(path, stream_index, full, salvage_limit_bytes, isolated=True)
+    return KeyframeCheck(second.decoded, second.failed, second.first_error)
+
+
+@dataclass
+class _PassResult:
+    decoded: int = 0
+    failed: int = 0
+    keyframes: int = 0
     first_error: str | None = None
+
+
+def _keyframe_pass(
+    path: Path, stream_index: int, full: bool, salvage_limit_bytes: int | None, isolated: bool
+) -> _PassResult:
+    result = _PassResult()
     with av.open(str(path)) as container:
         stream = cast(VideoStream, container.streams[stream_index])
+        ctx = stream.codec_context
         if not full:
-            stream.codec_context.skip_frame = "NONKEY"
+            ctx.skip_frame = "NONKEY"
             # The deblocking filter only smooths reconstructed pixels; skipping it saves ~25% of
             # keyframe decode time and still catches every bitstream error.
-            stream.codec_context.options = {"skip_loop_filter": "all"}
+            ctx.options = {"skip_loop_filter": "all"}
         for packet in container.demux(stream):
             if packet.size == 0:
                 continue
-            # Every packet goes to the decoder: with skip_frame=NONKEY it only parses the
-            # non-key ones (cheap), which still catches garbage where a keyframe flag was lost.
+            if salvage_limit_bytes is not None and (
+                packet.pos is not None and packet.pos + packet.size > salvage_limit_bytes
+            ):
+                break
+            result.keyframes += bool(packet.is_keyframe)
+            if isolated and not packet.is_keyframe:
+                continue
             try:
-                frames = packet.decode()
-                decoded += len(frames)
                 if packet.is_corrupt:
                     raise av.error.InvalidDataError(0, "corrupt packet flag")
+                frames = packet.decode()
+                if isolated:
+                    frames += ctx.decode(None)
+                    ctx.flush_buffers()
+                    result.decoded += min(1, len(frames))
+                else:
+                    result.decoded += len(frames)
             except av.error.FFmpegError as exc:
-                failed += 1
-                first_error = first_error or str(exc)
+                result.failed += 1
+                result.first_error = result.first_error or str(exc)
+                if isolated:
+                    ctx.flush_buffers()
+        if not isolated:
+            try:
+                result.decoded += len(stream.decode(None))  # drain frames the decoder holds
+            except av.error.FFmpegError as exc:
+                result.failed += 1
+                result.first_error = result.first_error or str(exc)
+    return result
+
+
+# MP4 carries these video codecs (and these audio codecs beside them); anything else (FFV1
+# 16-bit depth, for one) goes into a Matroska member, which carries nearly everything.
+MP4_VIDEO_CODECS = frozenset({"h264", "hevc", "av1", "mpeg4", "vp9"})
+MP4_AUDIO_CODECS = frozenset({"aac", "opus", "mp3", "ac3", "eac3", "flac", "alac"})
+
+
+@dataclass(frozen=True)
+class MemberPlan:
+    """One output file per clip: a video stream (plus audio streams) of one source file.
+
+    `runs[i]` is the packet run (decode indexes) of the video stream for clip i, `None` for
+    no frames; `offsets_tb[i]` is the clip window start in the video stream's time base (it
+    becomes timestamp 0); `audio_windows[a][i]` is audio stream a's window [start, end) for
+    clip i in its own time base.
+    """
+
+    video_index: int
+    container: str  # "mp4" or "matroska"
+    runs: list[PacketRun | None]
+    offsets_tb: list[int]
+    audio_windows: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
+
+
+def member_container(video_codec: str, audio_codecs: Iterable[str]) -> str:
+    """MP4 when it can carry the codecs, else Matroska."""
+    if video_codec in MP4_VIDEO_CODECS and all(a in MP4_AUDIO_CODECS for a in audio_codecs):
+        return "mp4"
+    return "matroska"
+
+
+def remux_members(
+    path: Path, plans: list[MemberPlan], clip_count: int, out_dir: Path, prefix: str
+) -> list[list[tuple[Path, int] | None]]:
+    """Cut every planned member of every clip out of `path` in one demux pass, without
+    re-encoding. Writes `out_dir/<prefix>-<clip>-<member>` files; returns, per clip and per
+    plan, (file, video packets) or None where the stream has no frame in that clip."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    results: list[list[tuple[Path, int] | None]] = [[None] * len(plans) for _ in range(clip_count)]
+    counts = [[0] * len(plans) for _ in range(clip_count)]
+    outputs: dict[tuple[int, int], tuple[OutputContainer, dict[int, av.stream.Stream]]] = {}
+    decode_no: dict[int, int] = {}
+    wanted = {p.video_index for p in plans} | {a for p in plans for a in p.audio_windows}
+    with av.open(str(path)) as source:
+        by_index = {s.index: s for s in source.streams}
+
+        def output(clip: int, m: int) -> tuple[OutputContainer, dict[int, av.stream.Stream]]:
+            if (clip, m) not in outputs:
+                plan = plans[m]
+                ext = "mp4" if plan.container == "mp4" else "mkv"
+                file = out_dir / f"{prefix}-{clip:05d}-{m:02d}.{ext}"
+                options = {"fflags": "+bitexact"}
+                out = av.open(str(file), mode="w", format=plan.container, options=options)
+                mapping = {
+                    plan.video_index: out.add_stream_from_template(
+                        by_index[plan.video_index], opaque=True
+                    )
+                }
+                for a in sorted(plan.audio_windows):
+                    mapping[a] = out.add_stream_from_template(by_index[a], opaque=True)
+                outputs[(clip, m)] = (out, mapping)
+                results[clip][m] = (file, 0)
+            return outputs[(clip, m)]
+
         try:
-            decoded += len(stream.decode(None))  # drain frames the decoder still holds
-        except av.error.FFmpegError as exc:
-            failed += 1
-            first_error = first_error or str(exc)
-    return KeyframeCheck(decoded=decoded, failed=failed, first_error=first_error)
+            for packet in source.demux([by_index[i] for i in sorted(wanted)]):
+                if packet.size == 0 or packet.pts is None:
+                    continue
+                index = packet.stream.index
+                number = decode_no.get(index, 0)
+                decode_no[index] = number + 1
+                for m, plan in enumerate(plans):
+                    if index == plan.video_index:
+                        for clip, run in enumerate(plan.runs):
+                            if isinstance(run, PacketRun) and number in run:
+                                _mux_shifted(packet, output(clip, m), index, plan.offsets_tb[clip])
+                                counts[clip][m] += 1
+                    elif index in plan.audio_windows:
+                        for clip, (start, end) in enumerate(plan.audio_windows[index]):
+                            if start <= packet.pts < end and plan.runs[clip] is not None:
+                                _mux_shifted(packet, output(clip, m), index, start)
+        finally:
+            for out, _ in outputs.values():
+                out.close()
+    for clip, row in enumerate(results):
+        for m, item in enumerate(row):
+            if item is not None:
+                row[m] = (item[0], counts[clip][m])
+    return results
+
+
+def _mux_shifted(
+    packet: av.Packet,  # type: ignore[type-arg]
+    target: tuple[OutputContainer, dict[int, av.stream.Stream]],
+    index: int,
+    offset: int,
+) -> None:
+    """Mux a copy of `packet` into `target`, its timestamps moved back by `offset` (time
+    base units). Pre-roll comes out negative: the MP4 muxer writes an edit list for it."""
+    out, mapping = target
+    copy = av.Packet(bytes(packet))
+    copy.pts = packet.pts - offset if packet.pts is not None else None
+    copy.dts = packet.dts - offset if packet.dts is not None else None
+    copy.duration = packet.duration
+    copy.time_base = packet.time_base
+    copy.is_keyframe = packet.is_keyframe
+    copy.stream = mapping[index]
+    out.mux(copy)
 
 
 def remux_clips(path: Path, stream_index: int, cuts_s: list[float]) -> list[tuple[bytes, int]]:
     """Cut one stream into standalone MP4 clips in a single demux pass, without re-encoding.
 
     `cuts_s` are ascending boundaries (seconds from the stream's first pts): clip i holds the
-    packets with cuts_s[i] <= pts < cuts_s[i+1]. Each boundary but the last must be a keyframe
-    time, so every clip decodes on its own. Timestamps are rebased to start at 0. Returns
-    (mp4 bytes, packet count) per clip.
+    frames with cuts_s[i] <= pts < cuts_s[i+1] (the packet runs of `services.media.cutting`).
+    Timestamps are rebased to each clip's start. Returns (mp4 bytes, packet count) per clip.
     """
+    import tempfile
+
     if len(cuts_s) < 2:
         raise RemuxError("need at least two cut points")
-    import bisect
-
-    buffers = [io.BytesIO() for _ in cuts_s[:-1]]
-    counts = [0] * len(buffers)
+    index = packet_indexes(path)[stream_index]
     with av.open(str(path)) as source:
-        in_stream = source.streams[stream_index]
-        tb = in_stream.time_base
-        if tb is None:
-            raise RemuxError("stream has no time base")
-        outputs: dict[int, tuple[OutputContainer, VideoStream, int]] = {}
-        origin: int | None = None
-        try:
-            for packet in source.demux(in_stream):
-                if packet.pts is None or packet.size == 0:
-                    continue
-                if origin is None:
-                    origin = packet.pts
-                t = _seconds(packet.pts - origin, tb) + 1e-6
-                clip = bisect.bisect_right(cuts_s, t) - 1
-                if clip < 0 or clip >= len(buffers):
-                    continue
-                if clip not in outputs:
-                    if not packet.is_keyframe:
-                        raise RemuxError(f"clip {clip} start {cuts_s[clip]:.3f}s is not a keyframe")
-                    out = av.open(buffers[clip], mode="w", format="mp4")
-                    out_stream = cast(VideoStream, out.add_stream_from_template(in_stream))
-                    base = packet.dts if packet.dts is not None else packet.pts
-                    outputs[clip] = (out, out_stream, base)
-                out, out_stream, base = outputs[clip]
-                packet.pts -= base
-                if packet.dts is not None:
-                    packet.dts -= base
-                packet.stream = out_stream
-                out.mux(packet)
-                counts[clip] += 1
-        finally:
-            for out, _, _ in outputs.values():
-                out.close()
-    if 0 in counts:
-        raise RemuxError(f"empty clip at index {counts.index(0)}")
-    return [(b.getvalue(), c) for b, c in zip(buffers, counts, strict=True)]
+        tb = source.streams[stream_index].time_base
+    if tb is None:
+        raise RemuxError("stream has no time base")
+    pts = index["pts"]
+    origin = int(pts[pts != np.iinfo(np.int64).min].min())
+    bounds = [origin + _ticks(c, tb) for c in cuts_s]
+    bounds[-1] = max(bounds[-1], int(pts.max()) + 1)
+    windows = list(itertools.pairwise(bounds))
+    runs = plan_runs(pts, index["keyframe"], windows)
+    if any(r is None for r in runs):
+        raise RemuxError(f"empty clip at index {runs.index(None)}")
+    plan = MemberPlan(stream_index, "mp4", runs, [w[0] for w in windows])
+    with tempfile.TemporaryDirectory(prefix="egoline-remux-") as tmp:
+        rows = remux_members(path, [plan], len(windows), Path(tmp), "clip")
+        out = []
+        for row in rows:
+            item = row[0]
+            if item is None:
+                raise RemuxError("empty clip")
+            out.append((item[0].read_bytes(), item[1]))
+    return out
+
+
+def _ticks(seconds: float, tb: Fraction) -> int:
+    """Seconds -> the first tick at or after them (a hair of float slack: a keyframe time
+    computed from its own pts maps back to that pts)."""
+    return math.ceil(seconds / float(tb) - 1e-6)
+
+
+@dataclass(frozen=True)
+class DecodedFrames:
+    """What a full decode of one stream gave: frame timestamps in seconds (after edit lists)."""
+
+    times_s: list[float]
+    errors: int
+
+
+def decode_stream_times(source: Path | bytes, stream_index: int) -> DecodedFrames:
+    """Fully decode one stream (file or in-memory container) and list its frame times. Decoder
+    errors are counted, not raised: the count of frames that came out is the measure."""
+    times: list[float] = []
+    errors = 0
+    handle = io.BytesIO(source) if isinstance(source, bytes) else str(source)
+    with av.open(handle, mode="r") as container:
+        stream = container.streams[stream_index]
+        tb = stream.time_base
+        for packet in container.demux(stream):
+            try:
+                for frame in packet.decode():
+                    if (
+                        isinstance(frame, av.VideoFrame | av.AudioFrame)
+                        and frame.pts is not None
+                        and tb is not None
+                    ):
+                        times.append(float(frame.pts * tb))
+            except av.error.FFmpegError:
+                errors += 1
+    return DecodedFrames(times, errors)
+
+
+def stream_layout(source: Path | bytes) -> list[tuple[int, str, str]]:
+    """(index, kind, codec) of every stream of a container, for counting what reached a clip."""
+    handle = io.BytesIO(source) if isinstance(source, bytes) else str(source)
+    with av.open(handle) as container:
+        return [(s.index, str(s.type), canonical_codec(s)) for s in container.streams]
 
 
 def decode_frames(data: bytes) -> Iterator[NDArray[np.uint8]]:
@@ -478,3 +867,10 @@ def transcode_full(source: Path, dest: Path, crf: int = 23, preset: str = "mediu
             frames += 1
         out.mux(stream.encode(None))
     return frames
+
+
+def _pix_fmt(stream: av.stream.Stream) -> str | None:
+    if not isinstance(stream, VideoStream):
+        return None
+    fmt = stream.codec_context.pix_fmt
+    return str(fmt) if fmt else None
