@@ -67,6 +67,12 @@ class ReasonCode(StrEnum):
     TIMESTAMP_GAP = "timestamp_gap"
     IMU_UNREADABLE = "imu_unreadable"
     IMU_ROW_MISMATCH = "imu_row_mismatch"
+    IMU_TIMESTAMPS = "imu_timestamps"
+    IMU_GAP = "imu_gap"
+    IMU_COVERAGE = "imu_coverage"
+    CONTAINER_TRUNCATED = "container_truncated"
+    CAMERA_OVERLAP = "camera_overlap"
+    AUDIO_DROPPED = "audio_dropped"
     SHARD_WRITE_FAILED = "shard_write_failed"
     INTERNAL_ERROR = "internal_error"
 
@@ -83,6 +89,17 @@ class SourceFile(Model):
     size_bytes: int = Field(ge=0)
 
 
+CameraName = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9_-]{0,31}$")]
+
+
+class CameraFile(Model):
+    """One more camera of a multi-camera episode: its own raw object, on the episode's clock
+    shifted by `offset_s` (seconds to add to the file's timestamps)."""
+
+    file: SourceFile
+    offset_s: float = 0.0
+
+
 class EpisodeRef(Model):
     """Who and what an episode is; carried by every event so each stage stands alone."""
 
@@ -92,6 +109,13 @@ class EpisodeRef(Model):
     started_at: datetime
     video: SourceFile
     imu: SourceFile | None = None
+    camera: CameraName = Field(default="main", description="name of the camera of `video`")
+    cameras: dict[CameraName, CameraFile] = Field(
+        default_factory=dict, max_length=16, description="the other cameras, by name"
+    )
+    imu_offset_s: float = Field(
+        default=0.0, description="seconds to add to the IMU timestamps to reach the video clock"
+    )
     tags: list[Tag] = Field(
         default_factory=list,
         max_length=64,
@@ -129,6 +153,66 @@ class StreamInfo(Model):
     non_monotonic_count: int = Field(default=0, ge=0)
     corrupt_packet_count: int = Field(default=0, ge=0)
     max_gap_s: float = Field(default=0, ge=0)
+    start_s: float = Field(default=0.0, description="first pts on the file's clock, seconds")
+    title: str | None = Field(default=None, max_length=200)
+    bit_depth: int = Field(default=8, ge=1)
+    intra_only: bool = False
+    jitter_s: float = Field(default=0.0, ge=0, description="std of frame intervals")
+    drift_ppm: float = Field(default=0.0, description="mean frame rate vs nominal fps, ppm")
+    vfr: bool = Field(default=False, description="frame intervals vary by more than 1 %")
+    clean_cut_count: int = Field(
+        default=0, ge=0, description="keyframes with no open-GOP leading pictures"
+    )
+
+
+class AudioInfo(Model):
+    """One audio stream, as probed. Times in seconds on the file's clock."""
+
+    index: int = Field(ge=0)
+    codec: str
+    sample_rate: int = Field(ge=0)
+    channels: int = Field(ge=0)
+    start_s: float = 0.0
+    duration_s: float = Field(ge=0)
+    packet_count: int = Field(ge=0)
+
+
+class ImuInfo(Model):
+    """The IMU sidecar as read by decode: its own rate and timing against the video span."""
+
+    source_format: str
+    rows: int = Field(ge=0)
+    t_first_s: float
+    t_last_s: float
+    rate_hz: float = Field(ge=0)
+    nominal_rate_hz: float = Field(ge=0)
+    jitter_s: float = Field(ge=0)
+    max_gap_s: float = Field(ge=0)
+    gap_count: int = Field(ge=0)
+    non_monotonic_count: int = Field(ge=0)
+    drift_ppm: float
+    coverage: float = Field(ge=0, le=1)
+    start_skew_s: float
+    end_skew_s: float
+    samples_before_video: int = Field(ge=0)
+    samples_after_video: int = Field(ge=0)
+
+
+class CameraProbe(Model):
+    """The probe of one more camera's file (multi-camera episodes)."""
+
+    name: CameraName
+    key: ObjectKey
+    offset_s: float = 0.0
+    container_format: str
+    container_complete: bool
+    duration_s: float = Field(ge=0)
+    salvaged_s: float | None = None
+    salvage_limit_bytes: int | None = None
+    streams: list[StreamInfo]
+    audio_streams: list[AudioInfo] = Field(default_factory=list)
+    observed_sha256: Sha256
+    keyframe_times_s: list[float] = Field(default_factory=list)
 
 
 class EpisodeDecoded(Event):
@@ -153,6 +237,15 @@ class EpisodeDecoded(Event):
     imu_rows: int | None = Field(default=None, ge=0)
     imu_cols: int | None = Field(default=None, ge=0)
     imu_error: str | None = Field(default=None, max_length=2000)
+    imu: ImuInfo | None = None
+    audio_streams: list[AudioInfo] = Field(default_factory=list)
+    salvaged_s: float | None = Field(
+        default=None, description="seconds kept of a file cut short mid-write (power loss)"
+    )
+    salvage_limit_bytes: int | None = Field(
+        default=None, ge=0, description="bytes of a cut-short file that hold whole packets"
+    )
+    cameras: list[CameraProbe] = Field(default_factory=list)
 
 
 class Finding(Model):
@@ -176,6 +269,22 @@ class EpisodeValidated(Event):
     warnings: list[Finding] = Field(default_factory=list)
 
 
+class ClipMember(Model):
+    """One stream's member file of a clip (besides the JSON), where it lies in the shard."""
+
+    name: str = Field(max_length=300, description="tar member name: <clip_key>.<ext>")
+    camera: CameraName
+    kind: Literal["video", "imu"]
+    stream_index: int | None = Field(default=None, ge=0)
+    label: str = Field(max_length=64, description="camera, or camera-stream title (depth...)")
+    codec: str | None = None
+    pix_fmt: str | None = None
+    offset: int = Field(ge=0)
+    length: int = Field(gt=0)
+    frame_count: int = Field(ge=0, description="frames (video) or samples (IMU) in the window")
+    audio_streams: int = Field(default=0, ge=0)
+
+
 class ClipRecord(Model):
     """One clip inside a shard: a GOP-aligned remuxed MP4 plus its IMU slice and metadata.
 
@@ -194,6 +303,9 @@ class ClipRecord(Model):
     imu_length: int | None = Field(default=None, gt=0)
     json_offset: int = Field(ge=0)
     json_length: int = Field(gt=0)
+    members: list[ClipMember] = Field(
+        default_factory=list, description="every member but the JSON: each video stream, IMU"
+    )
 
 
 class ShardsWritten(Event):

@@ -84,6 +84,9 @@ class Settings(BaseSettings):
     pipeline_version: str = "v1"
     clip_target_s: float = Field(default=10.0, gt=0)
     shard_target_mb: float = Field(default=512.0, gt=0)
+    # Audio tracks of a recording go into each clip's video member (True), or are dropped with
+    # an `audio_dropped` warning on the verdict (False): never silently.
+    keep_audio: bool = True
     split_key: str = Field(default="session", pattern="^(session|device)$")
     eval_fraction: float = Field(default=0.1, ge=0, le=1)
     metrics_port: int | None = Field(default=None, description="serve /metrics on this port")

@@ -21,16 +21,23 @@ from schemas.events import (
     TOPIC_DECODED,
     TOPIC_UPLOADED,
     EpisodeDecoded,
+    EpisodeRef,
     EpisodeUploaded,
     ReasonCode,
 )
 from services.common.batch import BatchStage, stage_app, worker_fetch_raw, worker_store
-from services.common.files import npy_shape, sha256_file
+from services.common.files import sha256_file
 from services.common.objectstore import ObjectStore
 from services.common.settings import Settings
 from services.common.stage import PermanentError, make_broker, parse_event
-from services.decode.core import classify_unreadable, decoded_event, packet_index_key
-from services.media.av_io import ProbeError, probe_container
+from services.decode.core import (
+    camera_probe,
+    classify_unreadable,
+    decoded_event,
+    packet_index_key,
+)
+from services.media.av_io import ContainerProbe, ProbeError, frame_times_s, probe_container
+from services.sensors.imu import ImuError, ImuSummary, load_imu, summarize_imu
 
 
 @dataclass(frozen=True)
@@ -39,37 +46,65 @@ class DecodeJob:
     pipeline_version: str
 
 
+def _probe_file(
+    store: ObjectStore, key: str, path: Path, fetch: Callable[[str, Path], None]
+) -> tuple[ContainerProbe, str]:
+    """Fetch one raw video and demux it; returns the probe and the sha256 of what was read."""
+    if store.stat(key) is None:
+        raise PermanentError(ReasonCode.OBJECT_MISSING, f"raw object {key} does not exist")
+    fetch(key, path)
+    observed = sha256_file(path)
+    try:
+        return probe_container(path), observed
+    except ProbeError as exc:
+        with path.open("rb") as handle:
+            head = handle.read(16)
+        raise PermanentError(
+            classify_unreadable(head, path.stat().st_size), f"{key}: {exc}"
+        ) from exc
+
+
+def _read_imu(
+    store: ObjectStore, episode: EpisodeRef, probe: ContainerProbe
+) -> tuple[tuple[int, ...] | None, str | None, ImuSummary | None]:
+    """Read the IMU sidecar at its own rate and summarise it against the video span."""
+    if episode.imu is None:
+        return None, None, None
+    primary = probe.streams[0]
+    try:
+        samples = load_imu(
+            store.get_bytes(episode.imu.key),
+            episode.imu.key,
+            frame_times_s=frame_times_s(primary),
+            fps=primary.fps or None,
+            offset_s=episode.imu_offset_s,
+        )
+    except ImuError as exc:
+        return None, str(exc)[:2000], None
+    cols = samples.values.shape[1] + (1 if samples.source_format != "npy_frame_synced" else 0)
+    span_end = probe.salvaged_s if probe.salvaged_s is not None else primary.duration_s
+    summary = summarize_imu(samples, 0.0, span_end)
+    return (len(samples.t), cols), None, summary
+
+
 def decode_episode(
     store: ObjectStore,
     uploaded: EpisodeUploaded,
     pipeline_version: str,
     fetch: Callable[[str, Path], None],
 ) -> EpisodeDecoded:
-    """Fetch the raw files, probe by demuxing, and build the decoded event (blocking I/O)."""
+    """Fetch the raw files, probe every camera by demuxing, read the IMU at its own rate, and
+    build the decoded event (blocking I/O)."""
     episode = uploaded.episode
     with tempfile.TemporaryDirectory(prefix="egoline-decode-") as tmp:
-        video = Path(tmp) / "video"
-        if store.stat(episode.video.key) is None:
-            raise PermanentError(
-                ReasonCode.OBJECT_MISSING, f"raw object {episode.video.key} does not exist"
-            )
-        fetch(episode.video.key, video)
-        observed = sha256_file(video)
-        try:
-            probe = probe_container(video)
-        except ProbeError as exc:
-            with video.open("rb") as handle:
-                head = handle.read(16)
-            raise PermanentError(classify_unreadable(head, video.stat().st_size), str(exc)) from exc
-        imu_shape: tuple[int, ...] | None = None
-        imu_error: str | None = None
-        if episode.imu is not None:
-            imu = Path(tmp) / "imu.npy"
-            store.download(episode.imu.key, imu)
-            try:
-                imu_shape = npy_shape(imu)
-            except (ValueError, OSError) as exc:
-                imu_error = str(exc)[:2000]
+        probe, observed = _probe_file(store, episode.video.key, Path(tmp) / "video", fetch)
+        cameras = []
+        for name, camera in sorted(episode.cameras.items()):
+            path = Path(tmp) / f"camera-{name}"
+            other, sha = _probe_file(store, camera.file.key, path, fetch)
+            cameras.append(camera_probe(name, camera.file.key, camera.offset_s, other, sha))
+            path.unlink()
+        imu_shape, imu_error, imu_summary = _read_imu(store, episode, probe)
         # The per-packet index is large (one row per frame): it goes to the object store and
         # the event carries its key; the keyframe times the shard stage needs stay inline.
         index_key = packet_index_key(pipeline_version, episode.episode_id, observed)
@@ -85,6 +120,8 @@ def decode_episode(
         pipeline_version,
         datetime.now(UTC),
         packet_index_key=index_key,
+        imu=imu_summary,
+        cameras=cameras,
     )
 
 
@@ -108,7 +145,10 @@ def build_stage(settings: Settings, broker: object) -> BatchStage[DecodeJob, Epi
         settings,
         settings.stage_workers,
         prepare=prepare,
-        cost=lambda job: float(job.uploaded.episode.video.size_bytes),
+        cost=lambda job: float(
+            job.uploaded.episode.video.size_bytes
+            + sum(c.file.size_bytes for c in job.uploaded.episode.cameras.values())
+        ),
         run=run_decode,
         finish=finish,
     )

@@ -1,19 +1,24 @@
-"""Pure decode logic: classify unreadable files and turn a container probe into an event."""
+"""Pure decode logic: classify unreadable files and turn container probes into an event."""
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from datetime import datetime
 
 from schemas.events import (
+    AudioInfo,
+    CameraProbe,
     EpisodeDecoded,
     EpisodeUploaded,
+    ImuInfo,
     ReasonCode,
     StreamInfo,
     derive_event_id,
 )
 from services.media.av_io import ContainerProbe
+from services.sensors.imu import ImuSummary
 
-MP4_BOX_TYPES = (b"ftyp", b"moov", b"mdat", b"free", b"wide", b"skip")
+MP4_BOX_TYPES = (b"ftyp", b"moov", b"mdat", b"free", b"wide", b"skip", b"styp", b"moof")
 EBML_MAGIC = b"\x1a\x45\xdf\xa3"
 
 
@@ -35,19 +40,9 @@ def packet_index_key(pipeline_version: str, episode_id: str, video_sha256: str) 
     return f"index/{pipeline_version}/{episode_id}/{video_sha256}.packets.npy"
 
 
-def decoded_event(
-    uploaded: EpisodeUploaded,
-    probe: ContainerProbe,
-    observed_sha256: str,
-    imu_shape: tuple[int, ...] | None,
-    imu_error: str | None,
-    pipeline_version: str,
-    now: datetime,
-    packet_index_key: str | None = None,
-) -> EpisodeDecoded:
-    """The `episodes.decoded` event for one probed episode. The event id derives from the
-    upload event id and pipeline version, so a redelivered upload gives the same event."""
-    streams = [
+def stream_infos(probe: ContainerProbe) -> list[StreamInfo]:
+    """The event's view of every video stream of one probed file."""
+    return [
         StreamInfo(
             index=s.index,
             codec=s.codec,
@@ -63,9 +58,72 @@ def decoded_event(
             non_monotonic_count=s.non_monotonic_count,
             corrupt_packet_count=s.corrupt_packet_count,
             max_gap_s=s.max_gap_s,
+            start_s=s.start_s,
+            title=(s.title or None) and s.title[:200],
+            bit_depth=s.bit_depth,
+            intra_only=s.intra_only,
+            jitter_s=s.jitter_s,
+            drift_ppm=s.drift_ppm,
+            vfr=s.vfr,
+            clean_cut_count=len(s.clean_cut_times_s),
         )
         for s in probe.streams
     ]
+
+
+def audio_infos(probe: ContainerProbe) -> list[AudioInfo]:
+    return [
+        AudioInfo(
+            index=a.index,
+            codec=a.codec,
+            sample_rate=a.sample_rate,
+            channels=a.channels,
+            start_s=a.start_s,
+            duration_s=a.duration_s,
+            packet_count=a.packet_count,
+        )
+        for a in probe.audio
+    ]
+
+
+def camera_probe(
+    name: str, key: str, offset_s: float, probe: ContainerProbe, observed_sha256: str
+) -> CameraProbe:
+    """One more camera's file, as the decoded event carries it."""
+    return CameraProbe(
+        name=name,
+        key=key,
+        offset_s=offset_s,
+        container_format=probe.format_name,
+        container_complete=probe.complete,
+        duration_s=probe.duration_s,
+        salvaged_s=probe.salvaged_s,
+        salvage_limit_bytes=probe.salvage_limit_bytes,
+        streams=stream_infos(probe),
+        audio_streams=audio_infos(probe),
+        observed_sha256=observed_sha256,
+        keyframe_times_s=probe.streams[0].entry_times_s,
+    )
+
+
+def decoded_event(
+    uploaded: EpisodeUploaded,
+    probe: ContainerProbe,
+    observed_sha256: str,
+    imu_shape: tuple[int, ...] | None,
+    imu_error: str | None,
+    pipeline_version: str,
+    now: datetime,
+    packet_index_key: str | None = None,
+    imu: ImuSummary | None = None,
+    cameras: list[CameraProbe] | None = None,
+) -> EpisodeDecoded:
+    """The `episodes.decoded` event for one probed episode. The event id derives from the
+    upload event id and pipeline version, so a redelivered upload gives the same event.
+
+    `keyframe_times_s` lists the primary stream's *entry points* (keyframes where decoding can
+    start); the shard stage cuts clips there.
+    """
     primary = 0  # the first video stream is the RGB stream by convention (depth follows)
     return EpisodeDecoded(
         event_id=derive_event_id("decoded", uploaded.event_id, pipeline_version),
@@ -75,12 +133,17 @@ def decoded_event(
         container_format=probe.format_name,
         container_complete=probe.complete,
         duration_s=probe.duration_s,
-        streams=streams,
+        streams=stream_infos(probe),
         primary_stream=primary,
-        keyframe_times_s=probe.streams[primary].keyframe_times_s,
+        keyframe_times_s=probe.streams[primary].entry_times_s,
         observed_sha256=observed_sha256,
         packet_index_key=packet_index_key,
         imu_rows=imu_shape[0] if imu_shape else None,
         imu_cols=imu_shape[1] if imu_shape and len(imu_shape) > 1 else None,
         imu_error=imu_error,
+        imu=None if imu is None else ImuInfo(**asdict(imu)),
+        audio_streams=audio_infos(probe),
+        salvaged_s=probe.salvaged_s,
+        salvage_limit_bytes=probe.salvage_limit_bytes,
+        cameras=cameras or [],
     )

@@ -169,6 +169,7 @@ class StreamProbe:
     start_s: float = 0.0
     entry_times_s: list[float] = field(default_factory=list)
     clean_cut_times_s: list[float] = field(default_factory=list)
+    time_base: Fraction | None = None
     title: str | None = None
     bit_depth: int = 8
     intra_only: bool = False
@@ -215,7 +216,7 @@ def _seconds(value: int | None, time_base: Fraction | None) -> float:
 # the file claims (18.5 h of 30 fps video; a file of millions of tiny packets is hostile).
 MAX_PACKETS = 2_000_000
 # Codecs whose every frame is a keyframe (no inter prediction): cut anywhere.
-INTRA_ONLY_CODECS = frozenset({"ffv1", "mjpeg", "png", "rawvideo", "prores", "utvideo", "huffyuv"})
+INTRA_ONLY_CODECS = frozenset({"mjpeg", "png", "rawvideo", "prores", "utvideo", "huffyuv"})
 
 
 @dataclass
@@ -229,7 +230,11 @@ class _PacketLog:
     positions: list[int] = field(default_factory=list)
     sizes: list[int] = field(default_factory=list)
     key_flags: list[bool] = field(default_factory=list)
-    corrupt: int = 0
+    corrupt_flags: list[bool] = field(default_factory=list)
+
+    @property
+    def corrupt(self) -> int:
+        return sum(self.corrupt_flags)
 
     def truncate_at(self, limit: int) -> None:
         """Drop the packets whose bytes reach past `limit` (and everything after them in
@@ -239,7 +244,7 @@ class _PacketLog:
             if pos >= 0 and pos + size > limit:
                 keep = i
                 break
-        for name in ("dts", "pts", "durations", "positions", "sizes", "key_flags"):
+        for name in ("dts", "pts", "durations", "positions", "sizes", "key_flags", "corrupt_flags"):
             del getattr(self, name)[keep:]
         self.keyframes = [p for p, k in zip(self.pts, self.key_flags, strict=True) if k]
 
@@ -324,8 +329,7 @@ def _demux_index(path: Path, max_packets: int, with_audio: bool = True) -> _Demu
                 entry.key_flags.append(bool(packet.is_keyframe))
                 if packet.is_keyframe:
                     entry.keyframes.append(packet.pts)
-                if packet.is_corrupt:
-                    entry.corrupt += 1
+                entry.corrupt_flags.append(bool(packet.is_corrupt))
         except av.error.FFmpegError as exc:
             error = f"demux stopped early: {exc}"
         fmt = str(container.format.name)
@@ -334,25 +338,12 @@ def _demux_index(path: Path, max_packets: int, with_audio: bool = True) -> _Demu
     return _Demuxed(fmt, header_duration, video_meta, audio_meta, logs, error, path.stat().st_size)
 
 
-def _salvage_limit(path: Path, format_name: str, size: int) -> int:
-    """The byte offset up to which a cut-short file is whole. ISO BMFF (MP4, fragmented MP4):
-    the end of the last complete top-level box (a fragment is a moof+mdat pair). Others
-    (Matroska): the file size less one byte, so a packet that reaches the very end, which
-    may have been cut, is dropped."""
-    if "mp4" not in format_name and "mov" not in format_name:
-        return size - 1
-    end = 0
-    with path.open("rb") as handle:
-        while end + 8 <= size:
-            handle.seek(end)
-            head = handle.read(16)
-            box = int.from_bytes(head[:4], "big")
-            if box == 1 and len(head) >= 16:
-                box = int.from_bytes(head[8:16], "big")
-            if box < 8 or end + box > size:
-                break
-            end += box
-    return end
+def _salvage_limit(size: int) -> int:
+    """The byte offset up to which a cut-short file holds whole packets: a demuxer hands out the
+    packet that straddles the cut shortened to what is there (fragmented MP4: its sample table
+    in the `moof` says more), so a packet that reaches the very last byte is dropped; every
+    packet before it is whole. What is kept is a prefix in decode order, which always decodes."""
+    return size - 1
 
 
 def probe_container(path: Path, max_packets: int = MAX_PACKETS) -> ContainerProbe:
@@ -375,7 +366,7 @@ def probe_container(path: Path, max_packets: int = MAX_PACKETS) -> ContainerProb
     limit: int | None = None
     salvaged: float | None = None
     if not complete and primary_log.pts:
-        limit = _salvage_limit(path, demuxed.format_name, demuxed.size_bytes)
+        limit = _salvage_limit(demuxed.size_bytes)
         for log in demuxed.logs.values():
             log.truncate_at(limit)
     streams = (
@@ -396,6 +387,22 @@ def probe_container(path: Path, max_packets: int = MAX_PACKETS) -> ContainerProb
         salvage_limit_bytes=limit,
         salvaged_s=salvaged,
     )
+
+
+def frame_times_s(stream: StreamProbe) -> NDArray[np.float64]:
+    """Presentation times of a probed stream's frames, ascending, seconds from its first one."""
+    pts = stream.packet_index["pts"]
+    pts = np.sort(pts[pts != np.iinfo(np.int64).min])
+    if not len(pts) or stream.time_base is None:
+        return np.zeros(0)
+    times: NDArray[np.float64] = (pts - pts[0]).astype(np.float64) * float(stream.time_base)
+    return times
+
+
+def time_bases(path: Path) -> dict[int, Fraction]:
+    """The time base (seconds per tick) of every stream of a container."""
+    with av.open(str(path)) as container:
+        return {s.index: s.time_base or Fraction(1, 90_000) for s in container.streams}
 
 
 def packet_indexes(
@@ -493,6 +500,7 @@ def _stream_probe(stream: _StreamMeta, entry: _PacketLog) -> StreamProbe:
         start_s=_seconds(origin, tb),
         entry_times_s=sorted(_seconds(int(table["pts"][i]) - origin, tb) for i in entries),
         clean_cut_times_s=sorted(_seconds(int(table["pts"][i]) - origin, tb) for i in cleans),
+        time_base=tb,
         title=stream.metadata.get("title") or None,
         bit_depth=_bit_depth(stream.pix_fmt),
         intra_only=codec in INTRA_ONLY_CODECS,
@@ -597,9 +605,10 @@ def _keyframe_pass(
     return result
 
 
-# MP4 carries these video codecs (and these audio codecs beside them); anything else (FFV1
-# 16-bit depth, for one) goes into a Matroska member, which carries nearly everything.
-MP4_VIDEO_CODECS = frozenset({"h264", "hevc", "av1", "mpeg4", "vp9"})
+# FFmpeg's MP4 muxer carries these video codecs (FFV1 too: 16-bit depth stays lossless, and
+# the MP4 edit list hides pre-roll, which Matroska cannot) and these audio codecs beside them;
+# anything else goes into a Matroska member.
+MP4_VIDEO_CODECS = frozenset({"h264", "hevc", "av1", "mpeg4", "vp9", "ffv1"})
 MP4_AUDIO_CODECS = frozenset({"aac", "opus", "mp3", "ac3", "eac3", "flac", "alac"})
 
 
@@ -724,7 +733,7 @@ def remux_clips(path: Path, stream_index: int, cuts_s: list[float]) -> list[tupl
         raise RemuxError("stream has no time base")
     pts = index["pts"]
     origin = int(pts[pts != np.iinfo(np.int64).min].min())
-    bounds = [origin + _ticks(c, tb) for c in cuts_s]
+    bounds = [origin + ticks(c, tb) for c in cuts_s]
     bounds[-1] = max(bounds[-1], int(pts.max()) + 1)
     windows = list(itertools.pairwise(bounds))
     runs = plan_runs(pts, index["keyframe"], windows)
@@ -742,7 +751,7 @@ def remux_clips(path: Path, stream_index: int, cuts_s: list[float]) -> list[tupl
     return out
 
 
-def _ticks(seconds: float, tb: Fraction) -> int:
+def ticks(seconds: float, tb: Fraction) -> int:
     """Seconds -> the first tick at or after them (a hair of float slack: a keyframe time
     computed from its own pts maps back to that pts)."""
     return math.ceil(seconds / float(tb) - 1e-6)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import io
+import itertools
 import json
 import shutil
 import tempfile
@@ -21,19 +21,25 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 from faststream import FastStream
+from numpy.typing import NDArray
 from pydantic import BaseModel
 
 from schemas.events import (
     TOPIC_SHARDS,
     TOPIC_VALIDATED,
+    AudioInfo,
+    ClipMember,
     ClipRecord,
+    EpisodeDecoded,
     EpisodeRef,
     EpisodeValidated,
     ReasonCode,
     ShardsWritten,
+    StreamInfo,
     Verdict,
     derive_event_id,
 )
@@ -41,17 +47,30 @@ from services.common.batch import BatchStage, stage_app, worker_fetch_raw, worke
 from services.common.objectstore import ObjectStore
 from services.common.settings import Settings
 from services.common.stage import PermanentError, make_broker, parse_event
-from services.media.av_io import RemuxError, remux_clips
+from services.media.av_io import (
+    MemberPlan,
+    ProbeError,
+    RemuxError,
+    member_container,
+    packet_indexes,
+    remux_members,
+    ticks,
+    time_bases,
+)
+from services.media.cutting import MISSING, plan_clips, plan_runs
+from services.sensors.imu import ImuError, load_imu, slice_imu
 from services.shard.core import (
     SHARD_FORMAT_VERSION,
     episode_marker_key,
+    frame_times_s_of,
+    member_labels,
+    member_offsets,
     pack_first_fit_decreasing,
-    plan_clips,
     shard_keys,
     write_tar,
 )
 
-TAR_OVERHEAD = 3 * 1024  # three 512-byte headers plus padding, per clip
+TAR_OVERHEAD = 1024  # a 512-byte header plus at most 512 bytes of padding, per member
 
 
 def clip_key(episode_id: str, clip_index: int) -> str:
@@ -63,6 +82,32 @@ class ShardJob:
     validated: EpisodeValidated
     clip_target_s: float
     spool_dir: str
+    keep_audio: bool = True
+
+
+@dataclass(frozen=True)
+class SourcePlan:
+    """One raw video file of an episode, as the cut needs it."""
+
+    camera: str
+    key: str
+    offset_s: float
+    salvage_limit_bytes: int | None
+    streams: list[StreamInfo]
+    audio: list[AudioInfo]
+
+
+@dataclass(frozen=True)
+class CutMember:
+    """One stream's member file of one clip, cut and waiting in the spool."""
+
+    path: Path
+    camera: str
+    label: str
+    stream: StreamInfo
+    container: str
+    frames: int  # frames shown in the clip's window
+    audio_streams: int
 
 
 @dataclass(frozen=True)
@@ -74,7 +119,7 @@ class SpooledClip:
 
     @property
     def size(self) -> int:
-        return sum(size for _, _, size in self.members) + TAR_OVERHEAD
+        return sum(size + TAR_OVERHEAD for _, _, size in self.members)
 
 
 @dataclass(frozen=True)
@@ -87,35 +132,228 @@ class CutEpisode:
 def cut_episode(
     store: ObjectStore, job: ShardJob, fetch: Callable[[str, Path], None]
 ) -> CutEpisode:
-    """Remux one accepted episode into clip files in the spool (blocking I/O)."""
+    """Remux one accepted episode into clip files in the spool (blocking I/O): every video
+    stream of every camera cut at the same windows, audio kept or dropped by setting, the IMU
+    sliced by time."""
     validated = job.validated
     decoded = validated.decoded
     episode = decoded.episode
     marker = episode_marker_key(validated.pipeline_version, episode.episode_id)
     if store.exists(marker):
         return CutEpisode(episode, done_events=json.loads(store.get_bytes(marker))["events"])
-    stream = decoded.streams[decoded.primary_stream]
-    spans = plan_clips(decoded.keyframe_times_s, stream.duration_s, job.clip_target_s)
-    if not spans:
-        raise PermanentError(ReasonCode.SHARD_WRITE_FAILED, "no keyframes to cut clips at")
     spool = Path(job.spool_dir) / f"{episode.episode_id}-{uuid.uuid4().hex[:8]}"
     spool.mkdir(parents=True)
-    video = spool / "source"
-    fetch(episode.video.key, video)
-    imu: np.ndarray | None = None
-    if episode.imu is not None:
-        store.download(episode.imu.key, spool / "imu.npy")
-        imu = np.load(spool / "imu.npy", allow_pickle=False)
     try:
-        clips = remux_clips(video, stream.index, [s for s, _ in spans] + [spans[-1][1]])
-    except RemuxError as exc:
+        return CutEpisode(episode, clips=_cut_into(store, job, fetch, spool))
+    except (RemuxError, ImuError, ProbeError) as exc:
         shutil.rmtree(spool, ignore_errors=True)
         raise PermanentError(ReasonCode.SHARD_WRITE_FAILED, str(exc)) from exc
-    video.unlink()
+    except BaseException:
+        shutil.rmtree(spool, ignore_errors=True)
+        raise
+
+
+def _sources(decoded: EpisodeDecoded) -> list[SourcePlan]:
+    """Every raw video file of the episode (main camera first) with its streams."""
+    episode = decoded.episode
+    out = [
+        SourcePlan(
+            camera=episode.camera,
+            key=episode.video.key,
+            offset_s=0.0,
+            salvage_limit_bytes=decoded.salvage_limit_bytes,
+            streams=decoded.streams,
+            audio=decoded.audio_streams,
+        )
+    ]
+    out += [
+        SourcePlan(c.name, c.key, c.offset_s, c.salvage_limit_bytes, c.streams, c.audio_streams)
+        for c in decoded.cameras
+    ]
+    return out
+
+
+def _cut_into(
+    store: ObjectStore, job: ShardJob, fetch: Callable[[str, Path], None], spool: Path
+) -> list[SpooledClip]:
+    validated = job.validated
+    decoded = validated.decoded
+    episode = decoded.episode
+    primary = decoded.streams[decoded.primary_stream]
+    sources = _sources(decoded)
+    # The episode clock: seconds from the earliest frame of any camera (so nothing any camera
+    # recorded falls before the first clip); the main stream's keyframes shift onto it.
+    origin = min(s.start_s + src.offset_s for src in sources for s in src.streams)
+    span_end = max(s.start_s + src.offset_s + s.duration_s for src in sources for s in src.streams)
+    shift = primary.start_s - origin
+    windows = plan_clips(
+        [t + shift for t in decoded.keyframe_times_s], 0.0, span_end - origin, job.clip_target_s
+    )
+    if not windows:
+        raise PermanentError(ReasonCode.SHARD_WRITE_FAILED, "no keyframes to cut clips at")
+    labels = member_labels(sources)
+    per_clip: list[list[CutMember]] = [[] for _ in windows]
+    primary_frames = [0] * len(windows)
+    frame_times: NDArray[np.float64] | None = None
+    for src in sources:
+        path = spool / f"source-{src.camera}"
+        fetch(src.key, path)
+        indexes = packet_indexes(path, src.salvage_limit_bytes)
+        bases = time_bases(path)
+        plans: list[MemberPlan] = []
+        meta: list[tuple[StreamInfo, str, list[int], int]] = []
+        for n, stream in enumerate(src.streams):
+            index = indexes[stream.index]
+            tb = bases[stream.index]
+            pts = index["pts"]
+            bounds = [ticks(origin + a - src.offset_s, tb) for a, _ in windows] + [
+                int(pts.max()) + 1 if len(pts) else 0
+            ]
+            bounds[0] = min(bounds[0], int(pts[pts != MISSING].min())) if len(pts) else bounds[0]
+            pairs = list(itertools.pairwise(bounds))
+            runs = plan_runs(pts, index["keyframe"], pairs)
+            audio_windows: dict[int, list[tuple[int, int]]] = {}
+            if n == 0 and job.keep_audio:
+                for audio in src.audio:
+                    atb = bases[audio.index]
+                    apts = indexes[audio.index]["pts"]
+                    ab = [ticks(origin + a - src.offset_s, atb) for a, _ in windows]
+                    ab[0] = min(ab[0], int(apts.min())) if len(apts) else ab[0]
+                    ab.append(int(apts.max()) + 1 if len(apts) else 0)
+                    audio_windows[audio.index] = list(itertools.pairwise(ab))
+            container = member_container(
+                stream.codec, [a.codec for a in src.audio if a.index in audio_windows]
+            )
+            plans.append(
+                MemberPlan(stream.index, container, runs, [a for a, _ in pairs], audio_windows)
+            )
+            shown = [int(((pts >= a) & (pts < b)).sum()) for a, b in pairs]
+            meta.append((stream, labels[(src.camera, stream.index)], shown, len(audio_windows)))
+            if src.camera == episode.camera and stream.index == primary.index:
+                primary_frames = shown
+                frame_times = frame_times_s_of(pts, tb)
+        rows = remux_members(path, plans, len(windows), spool, src.camera)
+        path.unlink()
+        for clip, row in enumerate(rows):
+            for item, plan, (stream, label, shown, audio_count) in zip(
+                row, plans, meta, strict=True
+            ):
+                if item is None:
+                    continue
+                per_clip[clip].append(
+                    CutMember(
+                        path=item[0],
+                        camera=src.camera,
+                        label=label,
+                        stream=stream,
+                        container=plan.container,
+                        frames=shown[clip],
+                        audio_streams=audio_count,
+                    )
+                )
+    imu_slices = _imu_slices(store, decoded, windows, origin, frame_times)
+    return _spool_clips(validated, windows, per_clip, primary_frames, imu_slices, spool)
+
+
+def _imu_slices(
+    store: ObjectStore,
+    decoded: EpisodeDecoded,
+    windows: list[tuple[float, float]],
+    origin: float,
+    frame_times: NDArray[np.float64] | None,
+) -> list[NDArray[np.float64]] | None:
+    """The IMU cut by time: every sample in exactly one clip (the first clip also takes what
+    came before the video, the last what came after), timestamps rebased to the clip start."""
+    episode = decoded.episode
+    if episode.imu is None:
+        return None
+    primary = decoded.streams[decoded.primary_stream]
+    samples = load_imu(
+        store.get_bytes(episode.imu.key),
+        episode.imu.key,
+        frame_times_s=frame_times,
+        fps=primary.fps or None,
+        offset_s=episode.imu_offset_s,
+    )
+    # IMU time is on the main stream's clock (0 = its first frame); the episode clock starts at
+    # `origin` on the file clock.
+    shift = primary.start_s - origin
+    last = len(windows) - 1
+    return [
+        slice_imu(
+            samples,
+            a - shift,
+            b - shift,
+            include_before=i == 0,
+            include_after=i == last,
+        )
+        for i, (a, b) in enumerate(windows)
+    ]
+
+
+def _spool_clips(
+    validated: EpisodeValidated,
+    windows: list[tuple[float, float]],
+    per_clip: list[list[CutMember]],
+    primary_frames: list[int],
+    imu_slices: list[NDArray[np.float64]] | None,
+    spool: Path,
+) -> list[SpooledClip]:
+    decoded = validated.decoded
+    episode = decoded.episode
+    primary = decoded.streams[decoded.primary_stream]
     out: list[SpooledClip] = []
     first_frame = 0
-    for index, ((start, end), (mp4, frames)) in enumerate(zip(spans, clips, strict=True)):
+    for index, ((start, end), members) in enumerate(zip(windows, per_clip, strict=True)):
         key = clip_key(episode.episode_id, index)
+        main = next(
+            (m for m in members if m.camera == episode.camera and m.stream.index == primary.index),
+            None,
+        )
+        if main is None:
+            raise RemuxError(f"clip {index} has no frame of the main stream")
+        ordered = [main, *(m for m in members if m is not main)]
+        files: list[tuple[str, Path]] = []
+        streams: list[dict[str, object]] = []
+        for m in ordered:
+            ext = "mp4" if m.container == "mp4" else "mkv"
+            name = f"{key}.{ext}" if m is main else f"{key}.{m.label}.{ext}"
+            files.append((name, m.path))
+            streams.append(
+                {
+                    "name": name,
+                    "camera": m.camera,
+                    "label": m.label,
+                    "kind": "video",
+                    "stream_index": m.stream.index,
+                    "codec": m.stream.codec,
+                    "pix_fmt": m.stream.pix_fmt,
+                    "width": m.stream.width,
+                    "height": m.stream.height,
+                    "fps": m.stream.fps,
+                    "bit_depth": m.stream.bit_depth,
+                    "rotation_deg": m.stream.rotation_deg,
+                    "frame_count": m.frames,
+                    "audio_streams": m.audio_streams,
+                }
+            )
+        if imu_slices is not None:
+            imu_path = spool / f"{key}.imu.npy"
+            np.save(imu_path, imu_slices[index], allow_pickle=False)
+            files.append((f"{key}.imu.npy", imu_path))
+            streams.append(
+                {
+                    "name": f"{key}.imu.npy",
+                    "camera": episode.camera,
+                    "label": "imu",
+                    "kind": "imu",
+                    "frame_count": len(imu_slices[index]),
+                }
+            )
+        relative = member_offsets([p.stat().st_size for _, p in files])
+        for entry, offset, (_, p) in zip(streams, relative, files, strict=True):
+            entry["offset_in_clip"] = offset
+            entry["length"] = p.stat().st_size
         meta: dict[str, object] = {
             "clip_key": key,
             "episode_id": episode.episode_id,
@@ -124,30 +362,24 @@ def cut_episode(
             "clip_index": index,
             "start_s": round(start, 6),
             "duration_s": round(end - start, 6),
-            "frame_count": frames,
+            "frame_count": primary_frames[index],
             "first_frame": first_frame,
-            "fps": stream.fps,
-            "codec": stream.codec,
-            "width": stream.width,
-            "height": stream.height,
+            "fps": primary.fps,
+            "codec": primary.codec,
+            "width": primary.width,
+            "height": primary.height,
             "raw_key": episode.video.key,
             "raw_sha256": episode.video.sha256,
             "pipeline_version": validated.pipeline_version,
+            "format_version": SHARD_FORMAT_VERSION,
+            "streams": streams,
         }
-        members: list[tuple[str, bytes]] = [(f"{key}.mp4", mp4)]
-        if imu is not None:
-            buffer = io.BytesIO()
-            np.save(buffer, imu[first_frame : first_frame + frames], allow_pickle=False)
-            members.append((f"{key}.imu.npy", buffer.getvalue()))
-        members.append((f"{key}.json", json.dumps(meta, sort_keys=True).encode()))
-        spooled = []
-        for name, data in members:
-            path = spool / name
-            path.write_bytes(data)
-            spooled.append((name, str(path), len(data)))
-        out.append(SpooledClip(meta, spooled))
-        first_frame += frames
-    return CutEpisode(episode, clips=out)
+        json_path = spool / f"{key}.json"
+        json_path.write_bytes(json.dumps(meta, sort_keys=True).encode())
+        files.append((f"{key}.json", json_path))
+        out.append(SpooledClip(meta, [(n, str(p), p.stat().st_size) for n, p in files]))
+        first_frame += primary_frames[index]
+    return out
 
 
 def run_cut(job: ShardJob) -> CutEpisode:
@@ -172,6 +404,22 @@ def _clip_record(clip: SpooledClip, spans: dict[str, tuple[int, int]]) -> ClipRe
         imu_length=imu[1] if imu else None,
         json_offset=js[0],
         json_length=js[1],
+        members=[
+            ClipMember(
+                name=str(m["name"]),
+                camera=str(m["camera"]),
+                kind="imu" if m["kind"] == "imu" else "video",
+                stream_index=None if m.get("stream_index") is None else int(str(m["stream_index"])),
+                label=str(m["label"]),
+                codec=None if m.get("codec") is None else str(m["codec"]),
+                pix_fmt=None if m.get("pix_fmt") is None else str(m["pix_fmt"]),
+                offset=spans[str(m["name"])][0],
+                length=spans[str(m["name"])][1],
+                frame_count=int(str(m["frame_count"])),
+                audio_streams=int(str(m.get("audio_streams", 0))),
+            )
+            for m in cast(list[dict[str, object]], clip.meta.get("streams", []))
+        ],
     )
 
 
@@ -270,7 +518,7 @@ def build_stage(
         validated = parse_event(value, EpisodeValidated)
         if validated.verdict is Verdict.REJECT:
             return None  # rejected episodes stop here; the verdict itself is the record
-        return ShardJob(validated, settings.clip_target_s, str(spool))
+        return ShardJob(validated, settings.clip_target_s, str(spool), settings.keep_audio)
 
     def finish(
         _jobs: dict[int, ShardJob], results: dict[int, CutEpisode]

@@ -10,37 +10,93 @@ from __future__ import annotations
 
 import hashlib
 import io
-import itertools
+import re
 import tarfile
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import BinaryIO
+from fractions import Fraction
+from typing import BinaryIO, Protocol
 
-SHARD_FORMAT_VERSION = 1
+import numpy as np
+from numpy.typing import NDArray
+
+from schemas.events import StreamInfo
+from services.media import cutting
+
+# 2: one member per video stream (`<key>.<label>.mp4|mkv` beside `<key>.mp4`), the IMU slice
+# as (M, 7) float64 [t from clip start, ax, ay, az, gx, gy, gz], a `streams` list in the JSON.
+SHARD_FORMAT_VERSION = 2
+TAR_BLOCK = 512
 
 
 def plan_clips(
     keyframe_times_s: Sequence[float], duration_s: float, target_s: float
 ) -> list[tuple[float, float]]:
-    """Cut [0, duration) at keyframes into clips of about `target_s` seconds.
-
-    Each clip starts on a keyframe and runs to the first keyframe at or past start + target
-    (so clips are never shorter than the target except the last, which ends at `duration_s`).
-    A last piece shorter than half the target is merged into the clip before it.
-    """
+    """Cut [first keyframe, duration) at keyframes into clips of about `target_s` seconds
+    (`services.media.cutting.plan_clips` over one stream's keyframes)."""
     if target_s <= 0:
         raise ValueError("target_s must be positive")
     keys = sorted(k for k in keyframe_times_s if 0 <= k < duration_s)
     if not keys:
         return []
-    cuts = [keys[0]]
-    for k in keys[1:]:
-        if k - cuts[-1] >= target_s - 1e-6:
-            cuts.append(k)
-    if len(cuts) > 1 and duration_s - cuts[-1] < target_s / 2:
-        cuts.pop()
-    cuts.append(duration_s)
-    return list(itertools.pairwise(cuts))
+    return cutting.plan_clips(keys, keys[0], duration_s, target_s)
+
+
+class _LabelledSource(Protocol):
+    @property
+    def camera(self) -> str: ...
+    @property
+    def streams(self) -> Sequence[StreamInfo]: ...
+
+
+def member_labels(sources: Sequence[_LabelledSource]) -> dict[tuple[str, int], str]:
+    """A member label per (camera, stream index), unique within the episode and dot-free (a
+    WebDataset key ends at the first dot): the main camera's first stream is the clip's own
+    `.mp4`; its other streams take their title (`depth`) or `s<index>`; another camera's first
+    stream takes the camera's name, its others `<camera>-<title or s<index>>`."""
+    labels: dict[tuple[str, int], str] = {}
+    used: set[str] = set()
+    for n, src in enumerate(sources):
+        for k, stream in enumerate(src.streams):
+            own = _slug(stream.title) or f"s{stream.index}"
+            if n == 0:
+                label = "main" if k == 0 else own
+            else:
+                label = src.camera if k == 0 else f"{src.camera}-{own}"
+            base, i = label, 1
+            while label in used:
+                i += 1
+                label = f"{base}{i}"
+            used.add(label)
+            labels[(src.camera, stream.index)] = label
+    return labels
+
+
+def _slug(title: str | None) -> str:
+    if not title:
+        return ""
+    return re.sub(r"[^a-z0-9_-]+", "-", title.lower()).strip("-")[:32]
+
+
+def member_offsets(sizes: Sequence[int]) -> list[int]:
+    """Where each member's data starts, relative to the first member's data, when members of
+    these sizes are written in order into a ustar tar (one 512-byte header each, data padded to
+    512). Lets a clip's JSON say where its other members lie before the tar exists."""
+    out: list[int] = []
+    position = 0
+    for size in sizes:
+        out.append(position)
+        position += -(-size // TAR_BLOCK) * TAR_BLOCK + TAR_BLOCK
+    return out
+
+
+def frame_times_s_of(pts: NDArray[np.int64], tb: Fraction) -> NDArray[np.float64]:
+    """Presentation times (seconds from the first frame, ascending) of a packet index's pts."""
+    valid = np.sort(pts[pts != cutting.MISSING])
+    if not len(valid):
+        return np.zeros(0)
+    times: NDArray[np.float64] = (valid - valid[0]).astype(np.float64) * float(tb)
+    return times
 
 
 def pack_first_fit_decreasing(sizes: Sequence[int], capacity: int) -> list[list[int]]:

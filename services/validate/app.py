@@ -36,26 +36,43 @@ class ValidateJob:
 
 def check_keyframes(
     fetch: Callable[[str, Path], None], decoded: EpisodeDecoded, full: bool
-) -> KeyframeResult:
-    """Decode the primary stream's keyframes (every frame when `full`): blocking I/O."""
+) -> dict[tuple[str, int], KeyframeResult]:
+    """Decode the keyframes (every frame when `full`) of every video stream of every camera,
+    keyed by (camera, stream index): blocking I/O."""
+    files = [
+        (
+            decoded.episode.camera,
+            decoded.episode.video.key,
+            decoded.streams,
+            decoded.salvage_limit_bytes,
+        )
+    ] + [(c.name, c.key, c.streams, c.salvage_limit_bytes) for c in decoded.cameras]
+    out: dict[tuple[str, int], KeyframeResult] = {}
     with tempfile.TemporaryDirectory(prefix="egoline-validate-") as tmp:
-        video = Path(tmp) / "video"
-        fetch(decoded.episode.video.key, video)
-        stream = decoded.streams[decoded.primary_stream]
-        check = decode_keyframes(video, stream.index, full=full)
-    return KeyframeResult(decoded=check.decoded, failed=check.failed, first_error=check.first_error)
+        for camera, key, streams, limit in files:
+            video = Path(tmp) / f"video-{camera}"
+            fetch(key, video)
+            for stream in streams:
+                check = decode_keyframes(video, stream.index, full=full, salvage_limit_bytes=limit)
+                out[(camera, stream.index)] = KeyframeResult(
+                    decoded=check.decoded, failed=check.failed, first_error=check.first_error
+                )
+            video.unlink()
+    return out
 
 
 def validate_episode(
     fetch: Callable[[str, Path], None], decoded: EpisodeDecoded, rules: RuleSet
 ) -> EpisodeValidated:
     # Out-of-bounds sizes are rejected without decoding (and without fetching) anything.
-    keyframes = (
+    checks = (
         check_keyframes(fetch, decoded, rules.full_decode)
         if dimensions_in_bounds(decoded, rules)
-        else None
+        else {}
     )
-    verdict, reasons, warnings = evaluate(decoded, keyframes, rules)
+    primary = decoded.streams[decoded.primary_stream]
+    keyframes = checks.pop((decoded.episode.camera, primary.index), None)
+    verdict, reasons, warnings = evaluate(decoded, keyframes, rules, checks)
     return EpisodeValidated(
         event_id=derive_event_id("validated", decoded.event_id, decoded.pipeline_version),
         produced_at=datetime.now(UTC),
@@ -94,5 +111,5 @@ def build_stage(
 
 def build_app(settings: Settings, rules: RuleSet | None = None) -> FastStream:
     broker = make_broker(settings, "validate")
-    stage = build_stage(settings, broker, rules or RuleSet())
+    stage = build_stage(settings, broker, rules or RuleSet(keep_audio=settings.keep_audio))
     return stage_app(settings, broker, stage, TOPIC_DECODED, TOPIC_VALIDATED, EpisodeValidated)
