@@ -350,6 +350,18 @@ def manifest_build(
     until: Annotated[str | None, typer.Option(help="episodes started before (ISO 8601)")] = None,
     max_warnings: Annotated[int | None, typer.Option(help="min quality: <= N warnings")] = None,
     min_height: Annotated[int | None, typer.Option(help="min quality: at least N rows")] = None,
+    streams: Annotated[
+        str, typer.Option(help="comma list: episodes holding all these streams (depth,wrist,imu)")
+    ] = "",
+    max_jitter_s: Annotated[float | None, typer.Option(help="worst frame jitter, s")] = None,
+    max_frame_gap_s: Annotated[float | None, typer.Option(help="largest frame gap, s")] = None,
+    max_drift_ppm: Annotated[float | None, typer.Option(help="worst |frame rate drift|")] = None,
+    max_camera_skew_s: Annotated[float | None, typer.Option(help="|camera start skew|, s")] = None,
+    max_imu_skew_s: Annotated[float | None, typer.Option(help="|IMU start skew|, s")] = None,
+    min_imu_rate_hz: Annotated[float | None, typer.Option(help="IMU rate at least, Hz")] = None,
+    exclude_salvaged: Annotated[
+        bool, typer.Option(help="leave out recordings cut mid-write")
+    ] = False,
     pipeline_version: Annotated[str | None, typer.Option(help="default: configured")] = None,
     parallel: Annotated[int, typer.Option(min=1, help="parallel query slices")] = 2,
 ) -> None:
@@ -374,6 +386,14 @@ def manifest_build(
         started_before=datetime.fromisoformat(until) if until else None,
         max_warnings=max_warnings,
         min_height=min_height,
+        streams=_csv(streams),
+        max_jitter_s=max_jitter_s,
+        max_frame_gap_s=max_frame_gap_s,
+        max_drift_ppm=max_drift_ppm,
+        max_camera_skew_s=max_camera_skew_s,
+        max_imu_skew_s=max_imu_skew_s,
+        min_imu_rate_hz=min_imu_rate_hz,
+        exclude_salvaged=exclude_salvaged,
     )
     engine = make_engine(settings)
     with Progress(

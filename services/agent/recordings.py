@@ -16,13 +16,13 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
 from pydantic import ValidationError
 
-from schemas.events import EpisodeRef, SourceFile
+from schemas.events import CameraFile, EpisodeRef, SourceFile
 
 COMPLETION_MARKER = "episode.json"
 CHUNK_SUFFIX = re.compile(r"^\.\d{3,6}$")
@@ -67,9 +67,12 @@ class LocalEpisode:
     ref: EpisodeRef
     video: LocalFile
     imu: LocalFile | None
+    cameras: dict[str, LocalFile] = field(default_factory=dict)
 
     def files(self) -> list[tuple[SourceFile, LocalFile]]:
         pairs: list[tuple[SourceFile, LocalFile]] = [(self.ref.video, self.video)]
+        for name, local in sorted(self.cameras.items()):
+            pairs.append((self.ref.cameras[name].file, local))
         if self.ref.imu is not None and self.imu is not None:
             pairs.append((self.ref.imu, self.imu))
         return pairs
@@ -141,6 +144,33 @@ def hash_file(paths: tuple[Path, ...]) -> LocalFile:
     return LocalFile(paths, size, digest.hexdigest(), before)
 
 
+def _extension(name: str, directory: Path) -> str:
+    ext = name.rsplit(".", 1)[-1].lower() if "." in name else "bin"
+    if not re.fullmatch(r"[a-z0-9]{1,8}", ext):
+        raise AgentInputError(f"{directory}: odd file extension {ext!r}")
+    return ext
+
+
+def _camera_entries(meta: dict[str, object], directory: Path) -> list[tuple[str, str, float]]:
+    """(camera, file name, offset_s) of every camera, main first. `videos` maps a camera name
+    to a file name or to `{"file": name, "offset_s": seconds}`; without it, `video` is the one
+    camera `main`. With both, `video` names the main camera's file."""
+    videos = meta.get("videos")
+    if videos is None:
+        return [("main", str(meta["video"]), 0.0)]
+    if not isinstance(videos, dict) or not videos:
+        raise TypeError("videos must be a non-empty object of camera name -> file")
+    entries = []
+    for name, spec in videos.items():
+        if isinstance(spec, dict):
+            entries.append((str(name), str(spec["file"]), float(spec.get("offset_s", 0.0))))
+        else:
+            entries.append((str(name), str(spec), 0.0))
+    main_file = meta.get("video")
+    entries.sort(key=lambda e: (e[1] != main_file, list(videos).index(e[0])))
+    return entries
+
+
 def describe(directory: Path) -> LocalEpisode:
     """Read `episode.json`, validate every id, hash the files. Raises AgentInputError."""
     try:
@@ -150,14 +180,23 @@ def describe(directory: Path) -> LocalEpisode:
         started = datetime.fromisoformat(str(meta["started_at"]))
         if started.tzinfo is None:
             raise ValueError("started_at needs a time zone")
-        video_name, imu_name = str(meta["video"]), meta.get("imu")
+        cameras = _camera_entries(meta, directory)
+        imu_name = meta.get("imu")
+        imu_offset = float(meta.get("imu_offset_s", 0.0))
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise AgentInputError(f"{directory}: unreadable {COMPLETION_MARKER}: {exc}") from exc
-    video = hash_file(_pieces(directory, video_name))
+    hashed = [(name, hash_file(_pieces(directory, file)), file, off) for name, file, off in cameras]
     imu = hash_file(_pieces(directory, str(imu_name))) if imu_name else None
-    ext = video_name.rsplit(".", 1)[-1].lower() if "." in video_name else "bin"
-    if not re.fullmatch(r"[a-z0-9]{1,8}", ext):
-        raise AgentInputError(f"{directory}: odd video extension {ext!r}")
+
+    def source(local: LocalFile, file_name: str) -> SourceFile:
+        ext = _extension(file_name, directory)
+        return SourceFile(
+            key=raw_key(meta["device_id"], started, meta["episode_id"], local.sha256, ext),
+            sha256=local.sha256,
+            size_bytes=local.size_bytes,
+        )
+
+    main_name, video, video_file, _ = hashed[0]
     try:
         ref = EpisodeRef(
             episode_id=meta["episode_id"],
@@ -165,19 +204,17 @@ def describe(directory: Path) -> LocalEpisode:
             session_id=meta["session_id"],
             started_at=started,
             tags=meta.get("tags", []),
-            video=SourceFile(
-                key=raw_key(meta["device_id"], started, meta["episode_id"], video.sha256, ext),
-                sha256=video.sha256,
-                size_bytes=video.size_bytes,
-            ),
-            imu=None
-            if imu is None
-            else SourceFile(
-                key=raw_key(meta["device_id"], started, meta["episode_id"], imu.sha256, "npy"),
-                sha256=imu.sha256,
-                size_bytes=imu.size_bytes,
-            ),
+            video=source(video, video_file),
+            camera=main_name,
+            cameras={
+                name: CameraFile(file=source(local, file), offset_s=offset)
+                for name, local, file, offset in hashed[1:]
+            },
+            imu=None if imu is None else source(imu, str(imu_name)),
+            imu_offset_s=imu_offset,
         )
     except (ValidationError, KeyError, TypeError) as exc:
         raise AgentInputError(f"{directory}: invalid ids in {COMPLETION_MARKER}: {exc}") from exc
-    return LocalEpisode(directory, ref, video, imu)
+    return LocalEpisode(
+        directory, ref, video, imu, {name: local for name, local, _, _ in hashed[1:]}
+    )

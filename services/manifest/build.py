@@ -50,9 +50,30 @@ from services.metadata.warehouse import manifests
 # Episode-level strings that repeat across episodes: dictionary-encoded over the distinct values.
 # The others (episode id, raw key and hash) are unique per episode: the episode rows themselves
 # are their dictionaries.
-SHARED_STRINGS = ("device_id", "session_id", "split", "verdict", "codec", "pipeline_version")
+SHARED_STRINGS = (
+    "device_id",
+    "session_id",
+    "split",
+    "verdict",
+    "codec",
+    "pipeline_version",
+    "stream_labels",
+)
 UNIQUE_STRINGS = ("episode_id", "raw_key", "raw_sha256")
-EPISODE_NUMBERS = ("started_at", "warning_count", "width", "height", "fps")
+EPISODE_NUMBERS = (
+    "started_at",
+    "warning_count",
+    "width",
+    "height",
+    "fps",
+    "stream_count",
+    "max_jitter_s",
+    "max_frame_gap_s",
+    "max_drift_ppm",
+    "camera_skew_s",
+    "imu_skew_s",
+    "imu_rate_hz",
+)
 
 MANIFEST_COLUMNS = (
     "shard_key",
@@ -80,6 +101,14 @@ MANIFEST_COLUMNS = (
     "raw_key",
     "raw_sha256",
     "pipeline_version",
+    "stream_labels",
+    "stream_count",
+    "max_jitter_s",
+    "max_frame_gap_s",
+    "max_drift_ppm",
+    "camera_skew_s",
+    "imu_skew_s",
+    "imu_rate_hz",
 )
 
 Progress = Callable[[int, int], None]  # (episodes so far, clips so far)

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from services.manifest.packing import PACKED_COLUMN
 
-MANIFEST_FORMAT_VERSION = 2
+MANIFEST_FORMAT_VERSION = 3
 
 # Episode-level columns: one row per (pipeline version, episode) of `manifest_episodes`; the
 # build explodes each into its clips (`clip_count`, `shard_keys`, the packed `clips` records).
@@ -34,7 +34,15 @@ EPISODE_COLUMNS = """
     m.raw_sha256,
     m.pipeline_version,
     m.clip_count,
-    m.shard_keys
+    m.shard_keys,
+    m.stream_labels,
+    m.stream_count,
+    m.max_jitter_s,
+    m.max_frame_gap_s,
+    m.max_drift_ppm,
+    m.camera_skew_s,
+    m.imu_skew_s,
+    m.imu_rate_hz
 """
 COLUMNS = f"{EPISODE_COLUMNS.strip()},\n    m.{PACKED_COLUMN}"
 
@@ -55,6 +63,16 @@ class ManifestFilter(BaseModel):
     )
     min_height: int | None = Field(default=None, ge=0, description="min quality: rows >= N px")
     tags: list[str] = Field(default_factory=list, description="episodes carrying all these tags")
+    streams: list[str] = Field(
+        default_factory=list, description="episodes holding all these streams (depth, wrist...)"
+    )
+    max_jitter_s: float | None = Field(default=None, ge=0, description="worst frame jitter")
+    max_frame_gap_s: float | None = Field(default=None, ge=0, description="largest frame gap")
+    max_drift_ppm: float | None = Field(default=None, ge=0, description="worst |rate drift|")
+    max_camera_skew_s: float | None = Field(default=None, ge=0, description="|camera skew|")
+    max_imu_skew_s: float | None = Field(default=None, ge=0, description="|IMU start skew|")
+    min_imu_rate_hz: float | None = Field(default=None, ge=0, description="IMU at least this")
+    exclude_salvaged: bool = Field(default=False, description="leave out files cut mid-write")
 
 
 KeyRange = tuple[str | None, str | None]
@@ -92,6 +110,23 @@ def build_query(
         where.append(f"m.height >= {bind(flt.min_height)}")
     if flt.tags:
         where.append(f"m.tags @> {bind(sorted(set(flt.tags)))}::varchar[]")
+    if flt.streams:
+        where.append(
+            f"string_to_array(m.stream_labels, ',') @> {bind(sorted(set(flt.streams)))}::text[]"
+        )
+    bounds = (
+        ("max_jitter_s", "<=", flt.max_jitter_s),
+        ("max_frame_gap_s", "<=", flt.max_frame_gap_s),
+        ("max_drift_ppm", "<=", flt.max_drift_ppm),
+        ("camera_skew_s", "<=", flt.max_camera_skew_s),
+        ("imu_skew_s", "<=", flt.max_imu_skew_s),
+        ("imu_rate_hz", ">=", flt.min_imu_rate_hz),
+    )
+    for column, op, value in bounds:
+        if value is not None:
+            where.append(f"m.{column} {op} {bind(float(value))}::float8")
+    if flt.exclude_salvaged:
+        where.append("NOT m.salvaged")
     low, high = key_range
     if low is not None:
         where.append(f"m.episode_id >= {bind(low)}")

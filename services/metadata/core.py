@@ -39,10 +39,13 @@ from schemas.events import (
     EpisodeUploaded,
     EpisodeValidated,
     ShardsWritten,
+    StreamInfo,
     Verdict,
 )
 from services.manifest.packing import PACKED_COLUMN, pack_sql
+from services.media.members import member_labels
 from services.metadata.warehouse import (
+    TIMING_COLUMNS,
     clips,
     dead_letters,
     decode_meta,
@@ -108,7 +111,11 @@ def upsert_episode(
             size_bytes=f.size_bytes,
         )
         .on_conflict_do_nothing()
-        for kind, f in (("video", ref.video), ("imu", ref.imu))
+        for kind, f in (
+            ("video", ref.video),
+            ("imu", ref.imu),
+            *(("camera", c.file) for _, c in sorted(ref.cameras.items())),
+        )
         if f is not None
     ]
     device = insert(devices).values(device_id=ref.device_id).on_conflict_do_nothing()
@@ -193,12 +200,14 @@ WITH c AS (
 INSERT INTO manifest_episodes AS m (
     pipeline_version, episode_id, device_id, session_id, started_at, split, tags, verdict,
     warning_count, codec, width, height, fps, raw_key, raw_sha256, clip_count, shard_keys,
+    stream_labels, stream_count, salvaged, {timing_columns},
     {packed_columns}
 )
 SELECT c.pipeline_version, e.episode_id, e.device_id, e.session_id, e.started_at, e.split,
        e.tags, v.verdict, jsonb_array_length(v.warnings), d.codec, d.width, d.height, d.fps,
        r.object_key, r.sha256, count(*)::int,
        array_agg(DISTINCT c.shard_key ORDER BY c.shard_key),
+       d.stream_labels, d.stream_count, d.salvaged_s IS NOT NULL, {timing_values},
        {packed_values}
 FROM c
 JOIN episodes e ON e.episode_id = c.episode_id
@@ -225,6 +234,10 @@ _REFRESHED = (
     "raw_sha256",
     "clip_count",
     "shard_keys",
+    "stream_labels",
+    "stream_count",
+    "salvaged",
+    *TIMING_COLUMNS,
     PACKED_COLUMN,
 )
 
@@ -234,6 +247,8 @@ def _refresh_sql(where: str) -> str:
         where=where,
         packed_columns=PACKED_COLUMN,
         packed_values=pack_sql(),
+        timing_columns=", ".join(TIMING_COLUMNS),
+        timing_values=", ".join(f"d.{name}" for name in TIMING_COLUMNS),
         updates=", ".join(f"{col} = excluded.{col}" for col in _REFRESHED),
     )
 
@@ -276,8 +291,40 @@ def _upsert(table: Table, values: dict[str, Any]) -> Executable:
     )
 
 
+def timing_figures(dec: EpisodeDecoded) -> dict[str, float]:
+    """The episode's time-integrity figures (`TIMING_COLUMNS`): the worst video stream of any
+    camera, the largest camera start skew, the IMU's start skew and rate (0 when absent)."""
+    streams = [*dec.streams, *(s for c in dec.cameras for s in c.streams)]
+    main = dec.streams[dec.primary_stream]
+    skews = [
+        abs(c.streams[0].start_s + c.offset_s - main.start_s) for c in dec.cameras if c.streams
+    ]
+    return {
+        "max_jitter_s": max((s.jitter_s for s in streams), default=0.0),
+        "max_frame_gap_s": max((s.max_gap_s for s in streams), default=0.0),
+        "max_drift_ppm": max((abs(s.drift_ppm) for s in streams), default=0.0),
+        "camera_skew_s": max(skews, default=0.0),
+        "imu_skew_s": abs(dec.imu.start_skew_s) if dec.imu else 0.0,
+        "imu_rate_hz": dec.imu.rate_hz if dec.imu else 0.0,
+    }
+
+
+def _labels(dec: EpisodeDecoded) -> list[str]:
+    sources = [_Source(dec.episode.camera, dec.streams)]
+    sources += [_Source(c.name, c.streams) for c in dec.cameras]
+    labels = list(member_labels(sources).values())
+    return [*labels, "imu"] if dec.episode.imu is not None else labels
+
+
+@dataclass(frozen=True)
+class _Source:
+    camera: str
+    streams: list[StreamInfo]
+
+
 def _decode_row(dec: EpisodeDecoded) -> Executable:
     s = dec.streams[dec.primary_stream]
+    labels = _labels(dec)
     values = {
         "episode_id": dec.episode.episode_id,
         "pipeline_version": dec.pipeline_version,
@@ -291,6 +338,13 @@ def _decode_row(dec: EpisodeDecoded) -> Executable:
         "frame_count": s.frame_count,
         "keyframe_count": s.keyframe_count,
         "streams": [x.model_dump() for x in dec.streams],
+        "cameras": [c.model_dump(mode="json") for c in dec.cameras],
+        "audio_streams": [a.model_dump() for a in dec.audio_streams],
+        "imu": None if dec.imu is None else dec.imu.model_dump(),
+        "salvaged_s": dec.salvaged_s,
+        "stream_labels": ",".join(labels)[:512],
+        "stream_count": len([x for x in labels if x != "imu"]),
+        **timing_figures(dec),
     }
     return _upsert(decode_meta, values)
 

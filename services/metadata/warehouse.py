@@ -8,6 +8,7 @@ from alembic import command
 from alembic.config import Config
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     Column,
     DateTime,
     Engine,
@@ -73,6 +74,18 @@ raw_objects = Table(
     Column("size_bytes", BigInteger, nullable=False),
 )
 
+# Time integrity per episode (seconds, ppm, Hz; 0 when not applicable): the worst video stream's
+# frame-interval jitter, largest frame gap and |rate drift|, the largest |start skew| of another
+# camera against the main one, the IMU's |start skew| and its measured rate.
+TIMING_COLUMNS = (
+    "max_jitter_s",
+    "max_frame_gap_s",
+    "max_drift_ppm",
+    "camera_skew_s",
+    "imu_skew_s",
+    "imu_rate_hz",
+)
+
 decode_meta = Table(
     "decode_meta",
     metadata,
@@ -88,6 +101,13 @@ decode_meta = Table(
     Column("frame_count", Integer, nullable=False),
     Column("keyframe_count", Integer, nullable=False),
     Column("streams", JSONB, nullable=False),
+    Column("cameras", JSONB, nullable=False, server_default="[]"),
+    Column("audio_streams", JSONB, nullable=False, server_default="[]"),
+    Column("imu", JSONB),
+    Column("salvaged_s", Float),
+    Column("stream_labels", String(512), nullable=False, server_default="main"),
+    Column("stream_count", Integer, nullable=False, server_default="1"),
+    *(Column(name, Float, nullable=False, server_default="0") for name in TIMING_COLUMNS),
 )
 
 verdicts = Table(
@@ -131,6 +151,7 @@ clips = Table(
     Column("imu_length", BigInteger),
     Column("json_offset", BigInteger, nullable=False),
     Column("json_length", BigInteger, nullable=False),
+    Column("members", JSONB, nullable=False, server_default="[]"),
     Index("ix_clips_episode", "episode_id"),
     Index("ix_clips_shard", "shard_key"),
 )
@@ -161,6 +182,10 @@ manifest_episodes = Table(
     Column("clip_count", Integer, nullable=False),
     Column("shard_keys", ARRAY(String(1024)), nullable=False),
     Column(PACKED_COLUMN, BYTEA, nullable=False),
+    Column("stream_labels", String(512), nullable=False, server_default="main"),
+    Column("stream_count", Integer, nullable=False, server_default="1"),
+    Column("salvaged", Boolean, nullable=False, server_default="false"),
+    *(Column(name, Float, nullable=False, server_default="0") for name in TIMING_COLUMNS),
     Index("ix_manifest_episodes_started", "pipeline_version", "started_at"),
     Index("ix_manifest_episodes_device", "pipeline_version", "device_id"),
     Index("ix_manifest_episodes_tags", "tags", postgresql_using="gin"),

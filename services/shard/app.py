@@ -58,12 +58,12 @@ from services.media.av_io import (
     time_bases,
 )
 from services.media.cutting import MISSING, plan_clips, plan_runs
+from services.media.members import member_labels
 from services.sensors.imu import ImuError, load_imu, slice_imu
 from services.shard.core import (
     SHARD_FORMAT_VERSION,
     episode_marker_key,
     frame_times_s_of,
-    member_labels,
     member_offsets,
     pack_first_fit_decreasing,
     shard_keys,

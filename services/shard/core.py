@@ -10,17 +10,15 @@ from __future__ import annotations
 
 import hashlib
 import io
-import re
 import tarfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import BinaryIO, Protocol
+from typing import BinaryIO
 
 import numpy as np
 from numpy.typing import NDArray
 
-from schemas.events import StreamInfo
 from services.media import cutting
 
 # 2: one member per video stream (`<key>.<label>.mp4|mkv` beside `<key>.mp4`), the IMU slice
@@ -40,42 +38,6 @@ def plan_clips(
     if not keys:
         return []
     return cutting.plan_clips(keys, keys[0], duration_s, target_s)
-
-
-class _LabelledSource(Protocol):
-    @property
-    def camera(self) -> str: ...
-    @property
-    def streams(self) -> Sequence[StreamInfo]: ...
-
-
-def member_labels(sources: Sequence[_LabelledSource]) -> dict[tuple[str, int], str]:
-    """A member label per (camera, stream index), unique within the episode and dot-free (a
-    WebDataset key ends at the first dot): the main camera's first stream is the clip's own
-    `.mp4`; its other streams take their title (`depth`) or `s<index>`; another camera's first
-    stream takes the camera's name, its others `<camera>-<title or s<index>>`."""
-    labels: dict[tuple[str, int], str] = {}
-    used: set[str] = set()
-    for n, src in enumerate(sources):
-        for k, stream in enumerate(src.streams):
-            own = _slug(stream.title) or f"s{stream.index}"
-            if n == 0:
-                label = "main" if k == 0 else own
-            else:
-                label = src.camera if k == 0 else f"{src.camera}-{own}"
-            base, i = label, 1
-            while label in used:
-                i += 1
-                label = f"{base}{i}"
-            used.add(label)
-            labels[(src.camera, stream.index)] = label
-    return labels
-
-
-def _slug(title: str | None) -> str:
-    if not title:
-        return ""
-    return re.sub(r"[^a-z0-9_-]+", "-", title.lower()).strip("-")[:32]
 
 
 def member_offsets(sizes: Sequence[int]) -> list[int]:
