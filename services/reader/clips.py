@@ -38,10 +38,13 @@ class ClipSpan:
 @dataclass(frozen=True)
 class Clip:
     mp4: bytes
-    imu: NDArray[np.float32] | None
+    imu: NDArray[np.floating[Any]] | None  # (M, 7) [t from clip start, accel, gyro]
     row: dict[str, Any]
     meta: dict[str, Any] = field(default_factory=dict)  # the clip's `.json` member
     frames: NDArray[np.uint8] | None = None  # (frames, height, width, 3) RGB, when decoded
+    # Every video member by label (the main camera's name for `mp4`; `depth`, `wrist`...): the
+    # members lie between the main one and the JSON, so the same ranged GET holds them.
+    streams: dict[str, bytes] = field(default_factory=dict)
 
 
 def _members(row: dict[str, Any]) -> list[tuple[int, int]]:
@@ -98,7 +101,16 @@ def split_clip(source: bytes | BinaryIO, row: dict[str, Any]) -> Clip:
     raw_json = member("json_offset", "json_length")
     imu = None if raw_imu is None else np.load(io.BytesIO(raw_imu), allow_pickle=False)
     meta: dict[str, Any] = {} if raw_json is None else json.loads(raw_json)
-    return Clip(mp4=mp4, imu=imu, row=row, meta=meta)
+    streams: dict[str, bytes] = {}
+    base = int(row["byte_offset"]) - span.offset
+    for entry in meta.get("streams", []):
+        if entry.get("kind") != "video":
+            continue
+        begin, length = base + int(entry["offset_in_clip"]), int(entry["length"])
+        if begin < 0 or begin + length > span.length:
+            raise ValueError(f"member {entry.get('name')} lies outside the clip's span")
+        streams[str(entry["label"])] = mp4 if begin == base else read_at(begin, length)
+    return Clip(mp4=mp4, imu=imu, row=row, meta=meta, streams=streams)
 
 
 def read_clip(store: ObjectStore, row: dict[str, Any]) -> Clip:

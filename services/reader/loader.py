@@ -19,7 +19,7 @@ import hashlib
 import mmap
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -153,7 +153,7 @@ class ClipLoader:
         from services.media.av_io import decode_frames  # PyAV only when frames are wanted
 
         frames = np.stack(list(decode_frames(clip.mp4)))
-        return Clip(clip.mp4, clip.imu, clip.row, clip.meta, frames)
+        return replace(clip, frames=frames)
 
     def stats(self) -> dict[str, Any]:
         """This process's cache counters, prefetch errors, and the cache's disk usage."""

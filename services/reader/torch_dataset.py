@@ -22,7 +22,8 @@ from services.reader.order import reader_part
 
 class ClipDataset(IterableDataset[dict[str, Any]]):
     """Yields per clip `{"key", "frames" (uint8, (T, H, W, 3)) or "mp4" (bytes),
-    "imu" (float32, (T, 6), or None), "meta"}`."""
+    "streams" ({label: member bytes} for every video stream: depth, other cameras...),
+    "imu" (float64, (M, 7) [t from clip start s, accel m/s^2, gyro rad/s], or None), "meta"}`."""
 
     def __init__(
         self,
@@ -64,6 +65,7 @@ class ClipDataset(IterableDataset[dict[str, Any]]):
                 sample["frames"] = torch.from_numpy(clip.frames)
             else:
                 sample["mp4"] = clip.mp4
+            sample["streams"] = clip.streams
             sample["imu"] = None if clip.imu is None else torch.from_numpy(clip.imu)
             yield sample
 

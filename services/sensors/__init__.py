@@ -1,0 +1,1 @@
+"""Sensor sidecars recorded beside the video at the sensor's own rate (IMU first)."""
