@@ -65,6 +65,7 @@ def check_in_child(path: str) -> None:
         outcome = {
             "outcome": validated.verdict.value,
             "reasons": [r.code.value for r in validated.reasons],
+            "warnings": [w.code.value for w in validated.warnings],
         }
     outcome["wall_s"] = time.perf_counter() - started
     outcome["maxrss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -120,7 +121,10 @@ def hostile(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     )
     data = good_mp4.read_bytes()
     files = {
+        # a power cut half way: the whole packets before the cut are a usable recording
         "truncated_mkv": good_mkv.read_bytes()[: good_mkv.stat().st_size // 2],
+        # cut after its first few packets: less than the shortest episode accepted
+        "truncated_mkv_stub": good_mkv.read_bytes()[: good_mkv.stat().st_size // 20],
         "truncated_mp4": data[: len(data) // 3],
         # every byte of the media data, no moov box (ffmpeg would find one renamed to `free`)
         "missing_moov": data[: data.index(b"moov") - 4],
@@ -145,14 +149,14 @@ def hostile(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 EXPECTED_REASON = {
     "absurd_dimensions": "resolution_out_of_bounds",
-    "truncated_mkv": "container_incomplete",
+    "truncated_mkv_stub": "container_incomplete",
 }
 
 
 @pytest.mark.parametrize(
     "name",
     [
-        "truncated_mkv",
+        "truncated_mkv_stub",
         "truncated_mp4",
         "missing_moov",
         "random_bytes",
@@ -178,8 +182,16 @@ def test_hostile_file_is_rejected_within_time_and_memory_bounds(
         assert EXPECTED_REASON[name] in str(result["reasons"]), result
 
 
+def test_mkv_cut_mid_write_keeps_its_whole_packets_with_a_warning(
+    hostile: dict[str, Path],
+) -> None:
+    result = run_bounded(hostile["truncated_mkv"])
+    assert result["outcome"] == "accept_with_warnings", result
+    assert "container_truncated" in str(result["warnings"]), result
+
+
 def test_probe_refuses_more_packets_than_its_bound(hostile: dict[str, Path]) -> None:
     result = run_bounded(hostile["millions_of_packets"])
     assert result["outcome"] == "probe_error"
-    assert "video packets" in str(result["reasons"]), result
+    assert "packets" in str(result["reasons"]), result
     assert os.path.getsize(hostile["millions_of_packets"]) > 50 << 20

@@ -63,6 +63,14 @@ def episode_rows(episodes: list[dict[str, Any]]) -> pa.Table:
         "pipeline_version": [],
         "clip_count": [],
         "shard_keys": [],
+        "stream_labels": [],
+        "stream_count": [],
+        "max_jitter_s": [],
+        "max_frame_gap_s": [],
+        "max_drift_ppm": [],
+        "camera_skew_s": [],
+        "imu_skew_s": [],
+        "imu_rate_hz": [],
     }
     packed: list[bytes] = []
     for ep in episodes:
@@ -109,6 +117,14 @@ def episode(
         "pipeline_version": "v1",
         "shard_keys": shards,
         "clips": clips,
+        "stream_labels": "main,depth,imu",
+        "stream_count": 2,
+        "max_jitter_s": 0.001,
+        "max_frame_gap_s": 0.034,
+        "max_drift_ppm": 12.5,
+        "camera_skew_s": 0.0,
+        "imu_skew_s": 0.05,
+        "imu_rate_hz": 200.0,
     }
 
 
