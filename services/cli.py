@@ -707,6 +707,24 @@ def bench_manifest(
     _run_bench(lambda settings, log: run(settings, rows, naive_rows, keep, log=log))
 
 
+@bench_app.command("formats")
+def bench_formats(
+    seed: Annotated[int, typer.Option(help="-1: fresh episode ids each run")] = -1,
+    timeout_s: Annotated[float, typer.Option(help="give up waiting after this long")] = 900.0,
+    as_json: Annotated[bool, typer.Option("--json", help="only the JSON line on stdout")] = False,
+) -> None:
+    """Every format a device writes (and a hostile set) through the real stack: frames, streams
+    and IMU samples in (a full decode of the raw) vs out (every clip member read back by byte
+    range). Exit 1 unless nothing was lost, falsely refused or wrongly let in."""
+    from services.bench.formats import bench_formats as run
+
+    del as_json
+    result = _run_bench(lambda settings, log: run(settings, seed, timeout_s, log=log))
+    bad = ("false_rejects", "frames_lost", "streams_lost", "imu_samples_lost", "hostile_accepted")
+    if any(result[k] for k in bad):
+        raise typer.Exit(1)
+
+
 @bench_app.command("chaos")
 def bench_chaos(
     episodes: Annotated[int, typer.Option(min=2)] = 200,

@@ -789,10 +789,14 @@ def decode_stream_times(source: Path | bytes, stream_index: int) -> DecodedFrame
 
 
 def stream_layout(source: Path | bytes) -> list[tuple[int, str, str]]:
-    """(index, kind, codec) of every stream of a container, for counting what reached a clip."""
+    """(index, kind, codec) of every stream of a container, for counting what reached a clip.
+    Raises ProbeError when it is not a container."""
     handle = io.BytesIO(source) if isinstance(source, bytes) else str(source)
-    with av.open(handle) as container:
-        return [(s.index, str(s.type), canonical_codec(s)) for s in container.streams]
+    try:
+        with av.open(handle) as container:
+            return [(s.index, str(s.type), canonical_codec(s)) for s in container.streams]
+    except (av.error.FFmpegError, UnicodeDecodeError) as exc:
+        raise ProbeError(f"cannot open container: {exc}") from exc
 
 
 def decode_frames(data: bytes) -> Iterator[NDArray[np.uint8]]:
