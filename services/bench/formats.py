@@ -350,9 +350,23 @@ def _clip_rows(engine: Engine, episode_id: str) -> list[dict[str, Any]]:
         ]
 
 
+@dataclass(frozen=True)
+class FormatsRun:
+    summary: dict[str, Any]
+    results: list[CaseResult]
+    work_dir: Path
+
+
 def bench_formats(
     settings: Settings, seed: int, timeout_s: float, log: Callable[[str], None]
 ) -> dict[str, Any]:
+    """`egoline bench formats`: the summary line of `run_formats`."""
+    return run_formats(settings, seed, timeout_s, log).summary
+
+
+def run_formats(
+    settings: Settings, seed: int, timeout_s: float, log: Callable[[str], None]
+) -> FormatsRun:
     """Write the matrix, run it through a fleet of its own, count from outside."""
     started = time.perf_counter()
     if seed < 0:
@@ -403,4 +417,4 @@ def bench_formats(
     summary = summarize(results, settings.keep_audio)
     summary["wall_s"] = round(time.perf_counter() - started, 1)
     summary["seed"] = seed
-    return summary
+    return FormatsRun(summary, results, work)

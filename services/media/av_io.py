@@ -887,3 +887,103 @@ def _pix_fmt(stream: av.stream.Stream) -> str | None:
         return None
     fmt = stream.codec_context.pix_fmt
     return str(fmt) if fmt else None
+
+
+@dataclass
+class DeviceVideo:
+    """One video stream as a device's encoder writes it: encoder defaults unless `options`
+    says otherwise. `frames` yields HxWx3 uint8 RGB (or HxW uint16 for `gray16le`); `pts` are
+    the frames' timestamps in `time_base` units (irregular for variable frame rate)."""
+
+    encoder: str  # libx264, libx265, libsvtav1, ffv1
+    frames: Iterable[NDArray[np.generic]]
+    pts: list[int]
+    time_base: Fraction
+    rate: int
+    width: int
+    height: int
+    pix_fmt: str = "yuv420p"
+    options: dict[str, str] = field(default_factory=dict)
+    title: str | None = None
+    rotation_deg: int = 0
+
+
+def encode_device_file(
+    path: Path,
+    videos: list[DeviceVideo],
+    container_format: str,
+    audio_s: float = 0.0,
+    container_options: dict[str, str] | None = None,
+) -> None:
+    """Write a recording the way a device does: each stream through its encoder with its
+    defaults, interleaved by time, plus (when `audio_s` > 0) a 48 kHz AAC tone of that length."""
+    with av.open(
+        str(path), mode="w", format=container_format, options=container_options or {}
+    ) as out:
+        encoders: list[tuple[VideoStream, DeviceVideo, Iterator[NDArray[np.generic]]]] = []
+        for spec in videos:
+            stream = cast(VideoStream, out.add_stream(spec.encoder, rate=spec.rate))
+            stream.width, stream.height, stream.pix_fmt = spec.width, spec.height, spec.pix_fmt
+            stream.time_base = spec.time_base
+            stream.codec_context.time_base = spec.time_base
+            if spec.options:
+                stream.codec_context.options = spec.options
+            if spec.title:
+                stream.metadata["title"] = spec.title
+            if spec.rotation_deg:
+                stream.set_display_rotation(spec.rotation_deg)
+            encoders.append((stream, spec, iter(spec.frames)))
+        audio = None
+        if audio_s > 0:
+            audio = out.add_stream("aac", rate=48_000)
+        samples = int(audio_s * 48_000)
+        tone = (0.2 * np.sin(2 * np.pi * 440 * np.arange(samples) / 48_000)).astype(np.float32)
+        audio_at = 0
+        for number in itertools.count():
+            alive = False
+            for stream, spec, frames in encoders:
+                if number >= len(spec.pts):
+                    continue
+                array = next(frames, None)
+                if array is None:
+                    continue
+                alive = True
+                if spec.pix_fmt == "gray16le":
+                    frame = av.VideoFrame.from_ndarray(
+                        cast(NDArray[np.uint16], array), format="gray16le"
+                    )
+                else:
+                    rgb = av.VideoFrame.from_ndarray(cast(NDArray[np.uint8], array), format="rgb24")
+                    frame = rgb.reformat(format=spec.pix_fmt)
+                frame.pts = spec.pts[number]
+                frame.time_base = spec.time_base
+                out.mux(stream.encode(frame))
+            if audio is not None and videos and number < len(videos[0].pts):
+                # Interleaved by time: the audio up to this video frame's time.
+                now = float(videos[0].pts[number] * videos[0].time_base)
+                while audio_at + 1024 <= samples and audio_at / 48_000 <= now:
+                    _mux_tone(out, audio, tone, audio_at)
+                    audio_at += 1024
+            if not alive:
+                break
+        for stream, _, _ in encoders:
+            out.mux(stream.encode(None))
+        if audio is not None:
+            while audio_at + 1024 <= samples:
+                _mux_tone(out, audio, tone, audio_at)
+                audio_at += 1024
+            out.mux(audio.encode(None))
+
+
+def _mux_tone(
+    out: OutputContainer,
+    audio: av.audio.stream.AudioStream,
+    tone: NDArray[np.float32],
+    start: int,
+) -> None:
+    chunk = np.ascontiguousarray(tone[start : start + 1024].reshape(1, -1))
+    sound = av.AudioFrame.from_ndarray(chunk, format="flt", layout="mono")
+    sound.sample_rate = 48_000
+    sound.pts = start
+    sound.time_base = Fraction(1, 48_000)
+    out.mux(audio.encode(sound))

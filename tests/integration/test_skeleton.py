@@ -82,7 +82,8 @@ def test_episodes_travel_every_stage_and_a_clip_reads_back_by_byte_range(
 
     clip = read_clip(store, row)
     assert sum(1 for _ in decode_frames(clip.mp4)) == row["frame_count"]
-    assert clip.imu is not None and clip.imu.shape == (row["frame_count"], 6)
+    # frame-synced IMU: one sample per frame, (M, 7) with its time from the clip start
+    assert clip.imu is not None and clip.imu.shape == (row["frame_count"], 7)
 
     shard = tmp_path / "shard.tar"
     shard.write_bytes(store.get_bytes(row["shard_key"]))
