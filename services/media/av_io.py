@@ -374,6 +374,9 @@ def probe_container(path: Path, max_packets: int = MAX_PACKETS) -> ContainerProb
         if limit is None
         else [_stream_probe(s, demuxed.logs[s.index]) for s in videos]
     )
+    for stream in streams:
+        if not stream.rotation_deg:
+            stream.rotation_deg = display_rotation(path, stream.index, stream.width, stream.height)
     if limit is not None:
         salvaged = streams[0].duration_s
     return ContainerProbe(
@@ -387,6 +390,27 @@ def probe_container(path: Path, max_packets: int = MAX_PACKETS) -> ContainerProb
         salvage_limit_bytes=limit,
         salvaged_s=salvaged,
     )
+
+
+# Only frames up to this size are decoded to read their display matrix (a hostile header must
+# not make the probe allocate gigabytes; validate's own size guard comes later).
+ROTATION_MAX_PIXELS = 7680 * 4320
+
+
+def display_rotation(path: Path, stream_index: int, width: int, height: int) -> int:
+    """Degrees the display matrix rotates the stream by (phones write 90/180/270). FFmpeg 8 keeps
+    it as packet side data that PyAV exposes on decoded frames only, so the first frame is
+    decoded; 0 when there is none or the stream is too large to decode safely."""
+    if not 0 < width * height <= ROTATION_MAX_PIXELS:
+        return 0
+    try:
+        with av.open(str(path)) as container:
+            stream = container.streams[stream_index]
+            for frame in container.decode(stream):
+                return int(round(getattr(frame, "rotation", 0) or 0)) % 360
+    except (av.error.FFmpegError, ValueError):
+        return 0
+    return 0
 
 
 def frame_times_s(stream: StreamProbe) -> NDArray[np.float64]:
