@@ -180,11 +180,30 @@ def synth(
     containers: Annotated[str, typer.Option(help="comma list: mp4,mkv")] = "mp4",
     depth: Annotated[bool, typer.Option(help="add a depth stream (multi-stream MKV)")] = False,
     defects: Annotated[str, typer.Option(help="comma list, one per leading episode")] = "",
+    realistic: Annotated[
+        bool,
+        typer.Option(
+            help="write the device-made matrix instead (encoder defaults, open GOP, VFR, 10-bit, "
+            "audio, RGB-D, two cameras, cut files, IMU at its own rate): docs/formats.md"
+        ),
+    ] = False,
+    cases: Annotated[str, typer.Option(help="with --realistic: comma list of case names")] = "",
 ) -> None:
     """Write deterministic synthetic episodes (video + IMU + episode.json)."""
     from rich.progress import track
 
     from services.synth.writer import Defect, plan_episodes, write_episode
+
+    if realistic:
+        from services.synth.realistic import realistic_cases, write_case
+
+        chosen = [c for c in realistic_cases() if not cases or c.name in _csv(cases)]
+        for case in track(chosen, description="synthesize", console=err):
+            write_case(case, out, seed=seed)
+        print_json_line(
+            {"episodes": len(chosen), "out": str(out), "cases": [c.name for c in chosen]}
+        )
+        return
 
     specs = plan_episodes(
         episodes,

@@ -407,7 +407,7 @@ def display_rotation(path: Path, stream_index: int, width: int, height: int) -> 
         with av.open(str(path)) as container:
             stream = container.streams[stream_index]
             for frame in container.decode(stream):
-                return int(round(getattr(frame, "rotation", 0) or 0)) % 360
+                return round(float(getattr(frame, "rotation", 0) or 0)) % 360
     except (av.error.FFmpegError, ValueError):
         return 0
     return 0
