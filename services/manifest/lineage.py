@@ -62,6 +62,10 @@ def lineage_query(episode_id: str, pipeline_version: str, clip_index: int | None
             clips.c.start_s,
             clips.c.duration_s,
             clips.c.frame_count,
+            clips.c.members,
+            decode_meta.c.cameras,
+            decode_meta.c.stream_labels,
+            decode_meta.c.salvaged_s,
         )
         .select_from(clips)
         .join(episodes, episodes.c.episode_id == clips.c.episode_id)

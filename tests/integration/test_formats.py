@@ -125,3 +125,20 @@ def test_the_manifest_exposes_every_stream_to_polars_and_duckdb(
     assert relation is not None
     ((streams, _jitter),) = relation.fetchall()
     assert streams >= 2
+
+
+def test_lineage_names_every_member_and_every_camera_file(
+    formats: FormatsRun, stack: Settings
+) -> None:
+    from services.manifest.lineage import lineage
+
+    multicam = next(r for r in formats.results if "multicam" in r.case)
+    engine = make_engine(stack)
+    rows = lineage(engine, multicam.episode_id, stack.pipeline_version)
+    engine.dispose()
+    assert rows and rows[0]["stream_labels"].startswith("head,wrist")
+    for row in rows:
+        labels = {m["label"] for m in row["members"]}
+        assert {"head", "wrist", "imu"} <= labels, labels
+    assert [c["name"] for c in rows[0]["cameras"]] == ["wrist"]
+    assert rows[0]["cameras"][0]["key"].startswith("raw/")
