@@ -1011,3 +1011,146 @@ def _mux_tone(
     sound.pts = start
     sound.time_base = Fraction(1, 48_000)
     out.mux(audio.encode(sound))
+
+
+# --- inspection of test media (what a fixture really holds) ------------------------------
+
+
+class InspectError(ValueError):
+    """The file cannot be opened as a media container."""
+
+
+@dataclass(frozen=True)
+class PacketInfo:
+    """One demuxed packet: times in seconds (None where the container stores none, e.g. a
+    Matroska B-frame's dts), the keyframe flag, and for HEVC the NAL unit types it carries."""
+
+    pts_s: float | None
+    dts_s: float | None
+    keyframe: bool
+    size_bytes: int
+    nal_types: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class InspectedStream:
+    """One stream as demuxed: the codec's own name ("h264", "hevc", "av1", "ffv1", "aac",
+    "opus"; never the decoder's, e.g. libdav1d), pix_fmt (video), `title` metadata, rotation of
+    the first decoded frame in degrees counter-clockwise (its display matrix; 0 without one),
+    the stream time base (seconds per tick) and every packet in decode order."""
+
+    index: int
+    kind: str
+    codec: str
+    pix_fmt: str | None
+    title: str | None
+    rotation_deg: int
+    start_time_s: float | None
+    time_base: Fraction
+    packets: tuple[PacketInfo, ...] = field(repr=False)
+
+
+@dataclass(frozen=True)
+class MediaInfo:
+    """Every stream of a file. `demux_order` is the stream index of each packet in file order
+    (to see interleaving); `complete` is False if demuxing stopped on a damaged tail."""
+
+    format_name: str
+    streams: tuple[InspectedStream, ...]
+    demux_order: tuple[int, ...] = field(repr=False)
+    complete: bool
+
+    def video(self) -> list[InspectedStream]:
+        return [s for s in self.streams if s.kind == "video"]
+
+    def audio(self) -> list[InspectedStream]:
+        return [s for s in self.streams if s.kind == "audio"]
+
+
+def inspect_media(path: Path) -> MediaInfo:
+    """Demux every packet of `path` (small test files only: all packets are kept) and decode the
+    first frame of each video stream for its rotation. A damaged tail (a file cut mid-write)
+    ends the demux early with `complete=False`. Raises InspectError if the file does not open."""
+    try:
+        container = av.open(str(path))
+    except (av.error.FFmpegError, OSError) as exc:
+        raise InspectError(f"{path.name}: {exc}") from exc
+    with container:
+        wanted = [s for s in container.streams if s.type in ("video", "audio")]
+        packets: dict[int, list[PacketInfo]] = {s.index: [] for s in wanted}
+        rotation: dict[int, int | None] = {s.index: None for s in wanted if s.type == "video"}
+        order: list[int] = []
+        complete = True
+        try:
+            for packet in container.demux(wanted):
+                if packet.size == 0:
+                    continue  # the flush packet at the end of each stream
+                stream = packet.stream
+                time_base = stream.time_base or Fraction(1)
+                is_hevc = stream.codec_context.codec.canonical_name == "hevc"
+                order.append(stream.index)
+                packets[stream.index].append(
+                    PacketInfo(
+                        pts_s=None if packet.pts is None else float(packet.pts * time_base),
+                        dts_s=None if packet.dts is None else float(packet.dts * time_base),
+                        keyframe=packet.is_keyframe,
+                        size_bytes=packet.size,
+                        nal_types=hevc_nal_types(bytes(packet)) if is_hevc else (),
+                    )
+                )
+                if rotation.get(stream.index, 0) is None:
+                    for frame in packet.decode():
+                        if isinstance(frame, av.VideoFrame):
+                            rotation[stream.index] = frame.rotation
+                            break
+        except (av.error.FFmpegError, EOFError):
+            complete = False
+        streams = tuple(
+            InspectedStream(
+                index=s.index,
+                kind=s.type,
+                codec=s.codec_context.codec.canonical_name,
+                pix_fmt=s.codec_context.pix_fmt if isinstance(s, VideoStream) else None,
+                title=s.metadata.get("title"),
+                rotation_deg=rotation.get(s.index) or 0,
+                start_time_s=None
+                if s.start_time is None or s.time_base is None
+                else float(s.start_time * s.time_base),
+                time_base=s.time_base or Fraction(1),
+                packets=tuple(packets[s.index]),
+            )
+            for s in wanted
+        )
+        return MediaInfo(container.format.name, streams, tuple(order), complete)
+
+
+def decode_first_frame(path: Path, stream_index: int) -> NDArray[np.uint8] | NDArray[np.uint16]:
+    """The first frame of video stream `stream_index` as an array in its own pixel format:
+    HxW uint16 for gray16le (e.g. FFV1 depth, millimetres), HxWx3 uint8 RGB otherwise.
+    Raises InspectError if the file does not open or the stream yields no frame."""
+    try:
+        with av.open(str(path)) as container:
+            stream = container.streams[stream_index]
+            for frame in container.decode(stream):
+                if not isinstance(frame, av.VideoFrame):
+                    break
+                if frame.format.name == "gray16le":
+                    return np.asarray(frame.to_ndarray(), dtype=np.uint16)
+                return np.asarray(frame.to_ndarray(format="rgb24"), dtype=np.uint8)
+    except (av.error.FFmpegError, OSError, IndexError) as exc:
+        raise InspectError(f"{path.name}: stream {stream_index}: {exc}") from exc
+    raise InspectError(f"{path.name}: stream {stream_index} has no video frame")
+
+
+def hevc_nal_types(data: bytes, length_size: int = 4) -> tuple[int, ...]:
+    """NAL unit types in one length-prefixed HEVC packet (MP4 `hvcC` / Matroska layout, 4-byte
+    lengths as x265 writes). 19/20 are IDR, 21 CRA (open GOP), 8/9 RASL leading pictures."""
+    return tuple(_nal_headers(data, length_size))
+
+
+def _nal_headers(data: bytes, length_size: int) -> Iterator[int]:
+    offset = 0
+    while offset + length_size < len(data):
+        length = int.from_bytes(data[offset : offset + length_size], "big")
+        yield (data[offset + length_size] >> 1) & 0x3F
+        offset += length_size + length
