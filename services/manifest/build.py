@@ -45,7 +45,7 @@ from services.manifest.query import (
     split_points,
 )
 from services.manifest.sink import HashingDirectSink
-from services.metadata.warehouse import manifests
+from services.metadata.warehouse import TIMING_COLUMNS, manifests
 
 # Episode-level strings that repeat across episodes: dictionary-encoded over the distinct values.
 # The others (episode id, raw key and hash) are unique per episode: the episode rows themselves
@@ -67,12 +67,7 @@ EPISODE_NUMBERS = (
     "height",
     "fps",
     "stream_count",
-    "max_jitter_s",
-    "max_frame_gap_s",
-    "max_drift_ppm",
-    "camera_skew_s",
-    "imu_skew_s",
-    "imu_rate_hz",
+    *TIMING_COLUMNS,
 )
 
 MANIFEST_COLUMNS = (
@@ -103,12 +98,7 @@ MANIFEST_COLUMNS = (
     "pipeline_version",
     "stream_labels",
     "stream_count",
-    "max_jitter_s",
-    "max_frame_gap_s",
-    "max_drift_ppm",
-    "camera_skew_s",
-    "imu_skew_s",
-    "imu_rate_hz",
+    *TIMING_COLUMNS,
 )
 
 Progress = Callable[[int, int], None]  # (episodes so far, clips so far)

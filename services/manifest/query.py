@@ -13,6 +13,7 @@ from datetime import datetime
 from pydantic import BaseModel, ConfigDict, Field
 
 from services.manifest.packing import PACKED_COLUMN
+from services.metadata.warehouse import TIMING_COLUMNS
 
 MANIFEST_FORMAT_VERSION = 3
 
@@ -37,13 +38,7 @@ EPISODE_COLUMNS = """
     m.shard_keys,
     m.stream_labels,
     m.stream_count,
-    m.max_jitter_s,
-    m.max_frame_gap_s,
-    m.max_drift_ppm,
-    m.camera_skew_s,
-    m.imu_skew_s,
-    m.imu_rate_hz
-"""
+""" + ",\n".join(f"    m.{name}" for name in TIMING_COLUMNS)
 COLUMNS = f"{EPISODE_COLUMNS.strip()},\n    m.{PACKED_COLUMN}"
 
 
