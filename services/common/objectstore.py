@@ -11,7 +11,6 @@ from urllib.parse import urlparse
 
 import urllib3
 from minio import Minio
-from minio.commonconfig import CopySource
 from minio.datatypes import Part
 from minio.error import S3Error
 
@@ -167,10 +166,6 @@ class ObjectStore:
 
     def exists(self, key: str) -> bool:
         return self.stat(key) is not None
-
-    def copy(self, source_key: str, dest_key: str) -> None:
-        """Server-side copy (how a temporary key is published under its final name)."""
-        self.client.copy_object(self.bucket, dest_key, CopySource(self.bucket, source_key))
 
     def delete(self, key: str) -> None:
         self.client.remove_object(self.bucket, key)

@@ -2,10 +2,12 @@
 processes -> the batch's clips packed first-fit-decreasing into WebDataset tar shards ->
 `shards.written`.
 
-Idempotence: a shard's key is the sha256 of its deterministic bytes, and it is written under
-`tmp/` and copied to that key only when complete. After its shards are stored, each episode gets
-a marker (`shards/<pv>/episodes/<id>.json`) holding the events of the shards with its clips; a
-redelivered episode with a marker is not cut again: its events are re-emitted (same event ids).
+Idempotence: a shard's key is the sha256 of its deterministic bytes (the spooled tar is hashed
+first) and it is written straight to that key: an S3 PUT or a completed multipart upload is
+atomic, so no reader ever sees a partial shard, and a rewrite puts the same bytes. After its
+shards are stored, each episode gets a marker (`shards/<pv>/episodes/<id>.json`) holding the
+events of the shards with its clips; a redelivered episode with a marker is not cut again: its
+events are re-emitted (same event ids).
 """
 
 from __future__ import annotations
@@ -449,10 +451,7 @@ def write_shard(
     by_name = {s.name: (s.offset, s.length) for s in spans}
     records = [_clip_record(clip, by_name) for clip in clips]
     if not store.exists(shard_key):
-        tmp_key = f"tmp/shards/{sha}.{uuid.uuid4().hex}.tar"
-        store.put_file(tmp_key, path, "application/x-tar", single_put_max=size)
-        store.copy(tmp_key, shard_key)
-        store.delete(tmp_key)
+        store.put_file(shard_key, path, "application/x-tar", single_put_max=size)
     path.unlink()
     index = {
         "format": "egoline-shard-index",
