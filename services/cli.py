@@ -694,6 +694,9 @@ def bench_cache(
 def bench_ingest(
     episodes: Annotated[int, typer.Option(min=1)] = 200,
     naive_episodes: Annotated[int, typer.Option(min=1, help="episodes for the naive run")] = 2,
+    serial_episodes: Annotated[
+        int, typer.Option(min=1, help="extra episodes for the serial baseline")
+    ] = 24,
     seed: Annotated[int, typer.Option(help="-1: fresh episode ids each run")] = -1,
     min_s: float = 30.0,
     max_s: float = 120.0,
@@ -701,13 +704,21 @@ def bench_ingest(
     height: int = 720,
     as_json: Annotated[bool, typer.Option("--json", help="only the JSON line on stdout")] = False,
 ) -> None:
-    """Ingest throughput, every stage a process, vs a plain copy and a naive transcode."""
+    """Ingest throughput, every stage a process, vs the object store's floor, a serial
+    baseline (one process, one episode after another, same work) and a naive transcode."""
     from services.bench.ingest import bench_ingest as run
 
     del as_json
     _run_bench(
         lambda settings, log: run(
-            settings, episodes, naive_episodes, seed, (min_s, max_s), (width, height), log=log
+            settings,
+            episodes,
+            naive_episodes,
+            serial_episodes,
+            seed,
+            (min_s, max_s),
+            (width, height),
+            log=log,
         )
     )
 
