@@ -29,12 +29,14 @@ db_app = typer.Typer(help="The Postgres warehouse", no_args_is_help=True)
 manifest_app = typer.Typer(help="Manifests: build, inspect", no_args_is_help=True)
 agent_app = typer.Typer(help="The device upload agent", no_args_is_help=True)
 cache_app = typer.Typer(help="The training node's clip cache", no_args_is_help=True)
+gc_app = typer.Typer(help="Garbage collection in the object store", no_args_is_help=True)
 app.add_typer(stack_app, name="stack")
 app.add_typer(schemas_app, name="schemas")
 app.add_typer(db_app, name="db")
 app.add_typer(manifest_app, name="manifest")
 app.add_typer(agent_app, name="agent")
 app.add_typer(cache_app, name="cache")
+app.add_typer(gc_app, name="gc")
 
 err = Console(stderr=True)
 
@@ -337,6 +339,44 @@ def db_upgrade() -> None:
 
     upgrade(get_settings())
     err.print("warehouse schema is current")
+
+
+@gc_app.command("shards")
+def gc_shards(
+    apply: Annotated[bool, typer.Option("--apply", help="delete (default: dry run)")] = False,
+    min_age_h: Annotated[
+        float,
+        typer.Option(
+            "--min-age-h",
+            min=0.0,
+            help="keep unreferenced shards younger than this (their event may be in flight)",
+        ),
+    ] = 24.0,
+    pipeline_version: Annotated[str | None, typer.Option(help="default: the configured")] = None,
+) -> None:
+    """Shards no warehouse clip points to (left by a shard stage killed mid-batch): list them,
+    and with --apply delete their tar and index and the `shards` rows no clip points to."""
+    from datetime import UTC, datetime, timedelta
+
+    from services.common.objectstore import object_store
+    from services.metadata.gc import collect_shards
+    from services.metadata.warehouse import make_engine
+
+    settings = get_settings()
+    engine = make_engine(settings)
+    try:
+        result = collect_shards(
+            engine,
+            object_store(settings),
+            pipeline_version or settings.pipeline_version,
+            datetime.now(UTC),
+            timedelta(hours=min_age_h),
+            apply,
+            log=err.print,
+        )
+    finally:
+        engine.dispose()
+    print_json_line(result)
 
 
 @schemas_app.command("export")
@@ -763,12 +803,13 @@ def bench_chaos(
     as_json: Annotated[bool, typer.Option("--json", help="only the JSON line on stdout")] = False,
 ) -> None:
     """The pipeline under SIGKILLs, a broker pause and a Postgres restart, checked against the
-    ground truth: `lost`, `duplicates` and `unreadable_rows` must be 0 (exit 1 otherwise)."""
+    ground truth: `lost`, `duplicates` (clips stored in more than one shard after `gc shards`),
+    `unreferenced_shards` (after gc) and `unreadable_rows` must be 0 (exit 1 otherwise)."""
     from services.bench.chaos import bench_chaos as run
 
     del as_json
     result = _run_bench(lambda settings, log: run(settings, episodes, kills, seed, log=log))
-    if result["lost"] or result["duplicates"] or result["unreadable_rows"]:
+    if any(result[k] for k in ("lost", "duplicates", "unreferenced_shards", "unreadable_rows")):
         raise typer.Exit(1)
 
 

@@ -11,7 +11,12 @@ On the embedded stack, with every stage a process (`Fleet`):
    ground truth (valid episodes sharded, defective ones rejected or dead-lettered with a
    reason), build a manifest and read back and decode every row's clip.
 
-`lost`, `duplicates` and `unreadable_rows` must be 0.
+4. audit the shards from the object store (every shard's index read back: clips listed by more
+   than one stored shard, shards no clip row points to), collect the unreferenced ones
+   (`egoline gc shards --apply --min-age-h 0`: the pipeline is quiet), and audit again.
+
+`lost`, `duplicates` (= `duplicate_clips_in_shards` after gc), `unreferenced_shards` (after
+gc) and `unreadable_rows` must be 0; the audit before gc is reported beside them.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +44,7 @@ from services.manifest.load import load_manifest, manifest_rows
 from services.manifest.query import ManifestFilter
 from services.media.av_io import decode_frames
 from services.metadata.core import TERMINAL
+from services.metadata.gc import audit_shards, collect_shards
 from services.metadata.warehouse import dead_letters, episodes, make_engine, verdicts
 from services.reader.clips import read_clip
 from services.stack.fleet import Fleet
@@ -276,12 +283,25 @@ def run_chaos(
         with_reason = [
             e for e in defective if state.get(e) in ("rejected", "dead_lettered") and reasons[e]
         ]
+        pv = settings.pipeline_version
+        before = audit_shards(engine, store, pv)
+        log(f"shards before gc: {before.as_dict()}")
+        gc = collect_shards(engine, store, pv, datetime.now(UTC), timedelta(0), apply=True)
+        after = audit_shards(engine, store, pv)
+        log(f"shards after gc: {after.as_dict()}")
         manifest = check_manifest(settings, engine, store, set(valid), work / "manifests")
         missing_rows = len(valid) - manifest["episodes_in_manifest"]
         return {
             "expected": len(ids),
             "cataloged": sum(1 for s in state.values() if s in TERMINAL),
-            "duplicates": manifest["duplicates"],
+            "duplicates": after.duplicate_clips_in_shards,
+            "duplicate_clips_in_shards": after.duplicate_clips_in_shards,
+            "unreferenced_shards": after.unreferenced_shards,
+            "duplicate_clips_in_shards_before_gc": before.duplicate_clips_in_shards,
+            "unreferenced_shards_before_gc": before.unreferenced_shards,
+            "gc_deleted_shards": gc["deleted_shards"],
+            "shards": after.shards,
+            "manifest_duplicate_rows": manifest["duplicates"],
             "lost": len(lost_valid) + len(lost_defective) + max(0, missing_rows),
             "unreadable_rows": manifest["unreadable_rows"],
             "dlq": count_dead_letters(engine, ids),

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import io
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -12,6 +14,7 @@ from urllib.parse import urlparse
 import urllib3
 from minio import Minio
 from minio.datatypes import Part
+from minio.deleteobjects import DeleteObject
 from minio.error import S3Error
 
 from services.common.settings import Settings
@@ -24,6 +27,13 @@ class ObjectInfo:
     key: str
     size: int
     etag: str
+
+
+@dataclass(frozen=True)
+class ListedObject:
+    key: str
+    size: int
+    last_modified: datetime
 
 
 class ObjectStore:
@@ -171,10 +181,25 @@ class ObjectStore:
         self.client.remove_object(self.bucket, key)
 
     def list_keys(self, prefix: str) -> list[str]:
+        return [o.key for o in self.list_objects(prefix)]
+
+    def list_objects(self, prefix: str) -> list[ListedObject]:
         return [
-            str(o.object_name)
+            ListedObject(
+                key=str(o.object_name),
+                size=int(o.size or 0),
+                last_modified=o.last_modified or datetime.fromtimestamp(0, UTC),
+            )
             for o in self.client.list_objects(self.bucket, prefix=prefix, recursive=True)
         ]
+
+    def delete_many(self, keys: Iterable[str]) -> int:
+        """One DeleteObjects request per 1000 keys; raises on the first key the store refused."""
+        targets = [DeleteObject(k) for k in keys]
+        for i in range(0, len(targets), 1000):
+            for error in self.client.remove_objects(self.bucket, targets[i : i + 1000]):
+                raise RuntimeError(f"delete {error.name}: {error.code} {error.message}")
+        return len(targets)
 
 
 def minio_client(settings: Settings) -> Minio:

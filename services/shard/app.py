@@ -507,6 +507,31 @@ def pack_and_write(
     return events
 
 
+def split_covered(
+    cuts: Sequence[CutEpisode], replayed: Sequence[ShardsWritten]
+) -> tuple[list[CutEpisode], dict[str, list[ShardsWritten]]]:
+    """The cuts still to pack, and the episodes already held whole by replayed shards.
+
+    A stage killed while writing a batch's markers leaves some episodes of a shard marked and
+    others not; redelivered together, the marked ones replay the shard's event, which already
+    holds every clip of the unmarked ones. Those take the shard's events as their marker instead
+    of being packed a second time (which would store their clips twice: once in the replayed
+    shard, still referenced, once in a new one)."""
+    todo: list[CutEpisode] = []
+    covered: dict[str, list[ShardsWritten]] = {}
+    for cut in cuts:
+        if not cut.clips:
+            continue
+        episode_id = cut.episode.episode_id
+        theirs = [e for e in replayed if any(c.episode_id == episode_id for c in e.clips)]
+        held = {c.clip_index for e in theirs for c in e.clips if c.episode_id == episode_id}
+        if held and held >= {int(str(c.meta["clip_index"])) for c in cut.clips}:
+            covered[episode_id] = theirs
+        else:
+            todo.append(cut)
+    return todo, covered
+
+
 def build_stage(
     settings: Settings, broker: object, store: ObjectStore
 ) -> BatchStage[ShardJob, CutEpisode]:
@@ -523,16 +548,19 @@ def build_stage(
         _jobs: dict[int, ShardJob], results: dict[int, CutEpisode]
     ) -> Sequence[tuple[str, BaseModel, str]]:
         cuts = list(results.values())
+        replayed = [ShardsWritten.model_validate_json(e) for c in cuts for e in c.done_events]
         spool.mkdir(parents=True, exist_ok=True)
         try:
-            fresh = pack_and_write(
-                store, [c for c in cuts if c.clips], target_bytes, settings.pipeline_version, spool
-            )
+            todo, covered = split_covered(cuts, replayed)
+            for episode_id, events in covered.items():
+                marker = episode_marker_key(settings.pipeline_version, episode_id)
+                body = json.dumps({"events": [e.model_dump_json() for e in events]})
+                store.put_bytes(marker, body.encode(), "application/json")
+            fresh = pack_and_write(store, todo, target_bytes, settings.pipeline_version, spool)
         finally:
             for cut in cuts:
                 for clip in cut.clips:
                     shutil.rmtree(Path(clip.members[0][1]).parent, ignore_errors=True)
-        replayed = [ShardsWritten.model_validate_json(e) for c in cuts for e in c.done_events]
         unique = {e.event_id: e for e in [*fresh, *replayed]}
         return [(TOPIC_SHARDS, e, e.shard_sha256) for e in unique.values()]
 

@@ -29,7 +29,9 @@ def test_kills_a_broker_pause_and_a_postgres_restart_lose_and_duplicate_nothing(
     assert report["postgres_restarts"] == 1
     assert report["expected"] == report["cataloged"] == 12
     assert report["lost"] == 0, report["lost_ids"]
-    assert report["duplicates"] == 0
+    assert report["duplicates"] == report["duplicate_clips_in_shards"] == 0
+    assert report["unreferenced_shards"] == 0
+    assert report["manifest_duplicate_rows"] == 0
     assert report["unreadable_rows"] == 0
     assert report["sharded"] == report["valid"] == report["manifest_rows"] == 9
     assert report["defective"] == report["rejected_with_reason"] == 3
