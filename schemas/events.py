@@ -74,6 +74,7 @@ class ReasonCode(StrEnum):
     CAMERA_OVERLAP = "camera_overlap"
     AUDIO_DROPPED = "audio_dropped"
     SHARD_WRITE_FAILED = "shard_write_failed"
+    RESOURCE_LIMIT = "resource_limit"
     INTERNAL_ERROR = "internal_error"
 
 

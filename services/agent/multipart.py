@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from services.agent.journal import Journal
 from services.agent.ratelimit import TokenBucket
 from services.agent.recordings import AgentInputError, LocalFile
-from services.agent.retry import with_retries
 from services.common.objectstore import ObjectStore
+from services.common.retry import with_retries
 
 log = logging.getLogger("egoline.agent")
 

@@ -25,9 +25,9 @@ from services.agent.journal import Journal
 from services.agent.multipart import Uploader, upload_file
 from services.agent.ratelimit import TokenBucket
 from services.agent.recordings import AgentInputError, describe, find_ready
-from services.agent.retry import backoff_delay
 from services.common import kafka
 from services.common.objectstore import ObjectStore
+from services.common.retry import backoff_delay
 from services.common.settings import Settings
 from services.common.stage import is_transient
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import multiprocessing
-import random
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -36,14 +35,17 @@ from pydantic import BaseModel
 
 from schemas.events import ReasonCode, dlq_topic
 from services.common import metrics
+from services.common.limits import apply_memory_limit, time_limit
 from services.common.objectstore import ObjectStore, object_store
 from services.common.rawcache import RawCache, fetch_raw
+from services.common.retry import backoff_delay
 from services.common.scheduling import Ramp, lpt_assign, makespan_ratio
 from services.common.settings import Settings
 from services.common.stage import (
+    Failure,
     PermanentError,
+    classify,
     dlq_record,
-    is_transient,
     publish_event,
     subscriber_options,
 )
@@ -57,8 +59,10 @@ _WORKER_CACHE: RawCache | None = None
 
 
 def init_worker(settings: Settings) -> None:
-    """Per worker process: one object store client (and raw cache), reused for every job."""
+    """Per worker process: its memory limit, then one object store client (and raw cache),
+    reused for every job."""
     global _WORKER_STORE, _WORKER_CACHE
+    apply_memory_limit(settings.worker_memory_limit_mb)
     _WORKER_STORE = object_store(settings)
     if settings.raw_cache_dir is not None:
         _WORKER_CACHE = RawCache(settings.raw_cache_dir, settings.raw_cache_mb * 1024 * 1024)
@@ -75,37 +79,26 @@ def worker_store() -> ObjectStore:
     return _WORKER_STORE
 
 
-@dataclass(frozen=True)
-class Failure:
-    """A job's failure as data (exceptions with extra fields don't cross processes well)."""
-
-    transient: bool
-    code: ReasonCode
-    message: str
-
-
-def run_jobs(run: Callable[[Any], Any], jobs: list[Any]) -> tuple[list[Any], float, int]:
-    """One worker's share of a batch, in order; returns (results or Failures, busy seconds,
-    object bytes read)."""
+def run_jobs(
+    run: Callable[[Any], Any], jobs: list[Any], time_limit_s: float = 0.0
+) -> tuple[list[Any], float, int]:
+    """One worker's share of a batch, in order, each job under the time limit; returns
+    (results or `Failure`s, busy seconds, object bytes read)."""
     started = time.perf_counter()
-    read_before = worker_store().bytes_read
+    store = _WORKER_STORE
+    read_before = store.bytes_read if store is not None else 0
     results: list[Any] = []
     for job in jobs:
         try:
-            results.append(run(job))
-        except PermanentError as exc:
-            results.append(Failure(False, exc.code, exc.message))
+            with time_limit(time_limit_s):
+                results.append(run(job))
         except Exception as exc:
-            if is_transient(exc):
-                results.append(
-                    Failure(True, ReasonCode.INTERNAL_ERROR, f"{type(exc).__name__}: {exc}")
-                )
-            else:
+            failure = classify(exc)
+            if failure.code is ReasonCode.INTERNAL_ERROR and not failure.transient:
                 log.exception("job failed")
-                results.append(
-                    Failure(False, ReasonCode.INTERNAL_ERROR, f"{type(exc).__name__}: {exc}")
-                )
-    return results, time.perf_counter() - started, worker_store().bytes_read - read_before
+            results.append(failure)
+    read = (store.bytes_read - read_before) if store is not None else 0
+    return results, time.perf_counter() - started, read
 
 
 @dataclass
@@ -148,7 +141,7 @@ class BatchStage(Generic[J, R]):
             self._failures += 1
             metrics.REWINDS.labels(self.stage).inc()
             await msg.nack()
-            await asyncio.sleep(min(30.0, 0.5 * 2**self._failures) * random.uniform(0.5, 1.0))
+            await asyncio.sleep(backoff_delay(self._failures))
 
     async def _consume(self, msg: KafkaMessage) -> None:
         started = time.perf_counter()
@@ -168,17 +161,15 @@ class BatchStage(Generic[J, R]):
         for i, (topic, _, _, _, value) in enumerate(records):
             try:
                 job = self.prepare(topic, value)
-            except PermanentError as exc:
-                failures[i] = Failure(False, exc.code, exc.message)
-                continue
             except Exception as exc:
                 # `prepare` is pure parsing: an unexpected error is about this record, so it
                 # is dead-lettered instead of rewinding the partition onto it forever.
-                if is_transient(exc):
+                failure = classify(exc)
+                if failure.transient:
                     raise
-                log.exception("%s: preparing %s@%d failed", self.stage, topic, i)
-                message = f"{type(exc).__name__}: {exc}"[:2000]
-                failures[i] = Failure(False, ReasonCode.INTERNAL_ERROR, message)
+                if failure.code is ReasonCode.INTERNAL_ERROR:
+                    log.exception("%s: preparing %s@%d failed", self.stage, topic, i)
+                failures[i] = failure
                 continue
             if job is not None:
                 jobs[i] = job
@@ -195,24 +186,29 @@ class BatchStage(Generic[J, R]):
                     outputs = await asyncio.to_thread(
                         self.finish, {i: jobs[i] for i in results}, results
                     )
-                except PermanentError as exc:
-                    # A batch-level effect failed for good: dead-letter the batch's records.
-                    for i in results:
-                        failures[i] = Failure(False, exc.code, exc.message)
-                    outputs = []
                 except Exception as exc:
-                    if not is_transient(exc):
-                        raise
-                    transient = f"{type(exc).__name__}: {exc}"
+                    failure = classify(exc)
+                    if failure.transient:
+                        transient = failure
+                    elif isinstance(exc, PermanentError):
+                        # A batch-level effect failed for good: dead-letter the batch's records.
+                        for i in results:
+                            failures[i] = failure
+                        outputs = []
+                    else:
+                        raise  # unexpected, in the consumer itself: rewind (`__call__`)
             if transient is not None:
                 self._failures += 1
                 metrics.REWINDS.labels(self.stage).inc()
-                delay = min(30.0, 0.5 * 2 ** (self._failures - 1)) * random.uniform(0.5, 1.0)
+                if transient.disk_errno is not None:
+                    metrics.LOCAL_DISK_ERRORS.labels(self.stage, transient.disk_errno).inc()
+                    metrics.LOCAL_DISK_FAILING.labels(self.stage).set(1)
+                delay = backoff_delay(self._failures - 1)
                 log.warning(
                     "%s: transient failure, batch rewound (retry in %.1fs): %s",
                     self.stage,
                     delay,
-                    transient,
+                    transient.message,
                 )
                 await msg.nack()
                 await asyncio.sleep(delay)
@@ -231,6 +227,7 @@ class BatchStage(Generic[J, R]):
             record = dlq_record(self.stage, topic, partition, offset, key, value, error)
             await publish_event(self.broker, dlq_topic(topic), record, key=record.event_id)
         self._failures = 0
+        metrics.LOCAL_DISK_FAILING.labels(self.stage).set(0)
         await msg.ack()
         for failure in failures.values():
             metrics.FAILURES.labels(self.stage, failure.code.value).inc()
@@ -239,7 +236,7 @@ class BatchStage(Generic[J, R]):
         metrics.RECORDS.labels(self.stage, "dead_lettered").inc(len(failures))
         metrics.RECORDS.labels(self.stage, "ok").inc(len(records) - len(failures))
 
-    async def _run_jobs(self, jobs: dict[int, J]) -> tuple[dict[int, R | Failure], str | None]:
+    async def _run_jobs(self, jobs: dict[int, J]) -> tuple[dict[int, R | Failure], Failure | None]:
         assert self._pool is not None and self._ramp is not None
         indexes = list(jobs)
         width = self._ramp.next_width()
@@ -249,7 +246,11 @@ class BatchStage(Generic[J, R]):
         try:
             futures = [
                 loop.run_in_executor(
-                    self._pool, run_jobs, self.run, [jobs[indexes[j]] for j in share]
+                    self._pool,
+                    run_jobs,
+                    self.run,
+                    [jobs[indexes[j]] for j in share],
+                    self.settings.job_time_limit_s,
                 )
                 for share in plan
             ]
@@ -261,18 +262,18 @@ class BatchStage(Generic[J, R]):
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = self._new_pool()
             self._ramp = Ramp(self.workers)
-            return {}, f"worker pool broke: {exc}"
+            return {}, Failure(True, ReasonCode.INTERNAL_ERROR, f"worker pool broke: {exc}")
         wall = time.perf_counter() - started
         ratio = makespan_ratio([busy for _, busy, _ in shares], wall)
         metrics.MAKESPAN_RATIO.labels(self.stage).observe(ratio)
         metrics.BYTES_READ.labels(self.stage).inc(sum(read for _, _, read in shares))
         done: dict[int, R | Failure] = {}
-        transient: str | None = None
+        transient: Failure | None = None
         for share, (results, _, _) in zip(plan, shares, strict=True):
             for j, result in zip(share, results, strict=True):
                 done[indexes[j]] = result
                 if isinstance(result, Failure) and result.transient:
-                    transient = result.message
+                    transient = result
         return done, transient
 
 

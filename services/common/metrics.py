@@ -44,7 +44,16 @@ MAKESPAN_RATIO = Histogram(
     ["stage"],
     buckets=(1.0, 1.05, 1.1, 1.25, 1.5, 2.0, 3.0, 5.0),
 )
-
+LOCAL_DISK_ERRORS = Counter(
+    "egoline_stage_local_disk_errors_total",
+    "Batches rewound because the local disk failed (ENOSPC, EDQUOT, EROFS, EIO, EMFILE), by errno",
+    ["stage", "errno"],
+)
+LOCAL_DISK_FAILING = Gauge(
+    "egoline_stage_local_disk_failing",
+    "1 from a local-disk failure until the next batch succeeds (readiness is false meanwhile)",
+    ["stage"],
+)
 
 ASSIGNED_PARTITIONS = Gauge(
     "egoline_stage_assigned_partitions",
@@ -71,6 +80,18 @@ def assigned_partitions(stage: str) -> float:
     return REGISTRY.get_sample_value("egoline_stage_assigned_partitions", {"stage": stage}) or 0.0
 
 
+def readiness(stage: str, liveness: Liveness) -> tuple[int, str, bytes]:
+    """/readyz of a stage: alive, holding partitions, and its local disk not failing."""
+    disk = REGISTRY.get_sample_value("egoline_stage_local_disk_failing", {"stage": stage})
+    if disk:
+        return text(False, "", "not ready: the local disk is failing (see the stage's log)")
+    return text(
+        liveness.alive() and assigned_partitions(stage) > 0,
+        "ready",
+        "not ready: no partitions assigned (group join pending or broker unreachable)",
+    )
+
+
 def serve_stage_http(
     port: int | None, host: str, stage: str, liveness: Liveness
 ) -> ThreadingHTTPServer | None:
@@ -86,10 +107,6 @@ def serve_stage_http(
             "/healthz": lambda: text(
                 liveness.alive(), "ok", f"event loop silent for {liveness.silence_s():.0f}s"
             ),
-            "/readyz": lambda: text(
-                liveness.alive() and assigned_partitions(stage) > 0,
-                "ready",
-                "not ready: no partitions assigned (group join pending or broker unreachable)",
-            ),
+            "/readyz": lambda: readiness(stage, liveness),
         },
     )

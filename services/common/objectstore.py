@@ -17,6 +17,7 @@ from minio.datatypes import Part
 from minio.deleteobjects import DeleteObject
 from minio.error import S3Error
 
+from services.common.retry import backoff_delay
 from services.common.settings import Settings
 
 READ_ATTEMPTS = 5  # a GET whose body is cut off is sent again this many times in all
@@ -109,7 +110,7 @@ class ObjectStore:
             except urllib3.exceptions.HTTPError:
                 if attempt == READ_ATTEMPTS - 1:
                     raise
-                time.sleep(0.1 * 2**attempt)
+                time.sleep(backoff_delay(attempt, base_s=0.1, cap_s=2.0))
             finally:
                 response.close()
                 response.release_conn()

@@ -58,6 +58,12 @@ class Settings(BaseSettings):
     kafka_heartbeat_interval_ms: int = Field(default=1000, ge=100)
     kafka_assignment_strategy: str = "cooperative-sticky"
     topic_partitions: int = Field(default=4, ge=1)
+    # Topic durability, used when `stack up` (the init job) creates topics. The embedded broker
+    # is one memory-only node: 1/1 there. On a real cluster one replica loses data with a broker,
+    # so creating production topics with it is refused unless allowed explicitly.
+    topic_replication_factor: int = Field(default=1, ge=1)
+    topic_min_insync_replicas: int = Field(default=1, ge=1)
+    topic_allow_single_replica: bool = False
 
     # --- Postgres ------------------------------------------------------------------------
     database_url: str | None = Field(
@@ -93,6 +99,11 @@ class Settings(BaseSettings):
     metrics_host: str = "127.0.0.1"
     start_jitter_s: float = Field(default=1.0, ge=0, description="staggered start: max delay")
     stage_workers: int = Field(default=2, ge=1, le=64, description="worker processes per stage")
+    # Each worker process runs under an address-space limit (RLIMIT_AS; 0: none) and each job
+    # (one episode) under a wall-time limit (0: none): a file that makes a decoder allocate or
+    # loop without bound is dead-lettered as `resource_limit`, it does not take the node down.
+    worker_memory_limit_mb: int = Field(default=4096, ge=0)
+    job_time_limit_s: float = Field(default=1800.0, ge=0)
     batch_max_records: int = Field(default=32, ge=1, le=10_000)
     batch_wait_s: float = Field(default=1.0, gt=0, description="how long to fill a batch")
     spool_dir: Path | None = Field(default=None, description="shard stage scratch (default: tmp)")

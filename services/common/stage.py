@@ -5,7 +5,8 @@ At-least-once, idempotent, dead-letter with a reason: a stage publishes its outp
 the broker's acknowledgement) and only then commits the offset. A `PermanentError` (bad input)
 goes to `<topic>.dlq` with its reason code and the original record, then the offset is
 committed so the consumer moves on. Anything transient (object store, broker or warehouse
-unreachable) rewinds the partition and retries with exponential backoff and jitter.
+unreachable, the local disk full or failing) rewinds the partition and retries with
+exponential backoff and jitter (`retry.backoff_delay`). `classify` is that policy, in one place.
 
 faststream runs with `AckPolicy.MANUAL` because its other policies either commit before the work
 (ACK_FIRST) or commit past failures (faststream issue #2618).
@@ -14,8 +15,10 @@ faststream runs with `AckPolicy.MANUAL` because its other policies either commit
 from __future__ import annotations
 
 import base64
+import errno
 import json
 import logging
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -56,14 +59,70 @@ class TransientError(Exception):
     """A dependency is unavailable; the record is retried, never skipped."""
 
 
+# Local-disk errors of the worker's own node (a full spool, a quota, a read-only or failing
+# disk, too many open files): our fault, never the episode's, so a retry and never a dead letter.
+# EIO only when raised by the OS itself: FFmpeg reports some unreadable input as AVERROR(EIO).
+_LOCAL_DISK_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EMFILE, errno.ENFILE}
+
+
+def local_disk_errno(exc: BaseException) -> str | None:
+    """The errno name of a local-disk failure (`ENOSPC`, ...), or None."""
+    if not isinstance(exc, OSError) or exc.errno is None:
+        return None
+    from_ffmpeg = type(exc).__module__.split(".")[0] == "av"
+    if exc.errno in _LOCAL_DISK_ERRNOS or (exc.errno == errno.EIO and not from_ffmpeg):
+        return errno.errorcode.get(exc.errno, str(exc.errno))
+    return None
+
+
 def is_transient(exc: BaseException) -> bool:
+    """A dependency (object store, broker, warehouse) or the local disk failed: retry."""
     if isinstance(
         exc, TransientError | KafkaException | HTTPError | ConnectionError | TimeoutError
     ):
         return True
+    if local_disk_errno(exc) is not None:
+        return True
     if isinstance(exc, S3Error):
         return exc.code not in _S3_PERMANENT_CODES
     return isinstance(exc, MinioException)
+
+
+class JobTimeLimit(Exception):
+    """A job ran past `job_time_limit_s` (raised inside the worker by its alarm)."""
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A failed job or record as data (exceptions with extra fields don't cross processes
+    well): retried (`transient`) or dead-lettered with `code`. `disk_errno` names a
+    local-disk failure, which also makes the stage report not ready until a batch succeeds."""
+
+    transient: bool
+    code: ReasonCode
+    message: str
+    disk_errno: str | None = None
+
+
+def classify(exc: BaseException) -> Failure:
+    """The one failure policy: what every stage, the metadata service and the agent do with an
+    exception. Bad input (`PermanentError`) and a job over its memory or time limit are dead
+    letters with a reason; a dependency or the local disk failing is a retry; anything else
+    is an unexpected bug about this record, dead-lettered as `internal_error` with its type."""
+    message = f"{type(exc).__name__}: {exc}"[:2000]
+    if isinstance(exc, PermanentError):
+        return Failure(False, exc.code, exc.message)
+    if isinstance(exc, JobTimeLimit):
+        return Failure(False, ReasonCode.RESOURCE_LIMIT, f"{exc} (EGOLINE_JOB_TIME_LIMIT_S)")
+    if isinstance(exc, MemoryError):
+        return Failure(
+            False,
+            ReasonCode.RESOURCE_LIMIT,
+            f"out of memory under the worker's limit (EGOLINE_WORKER_MEMORY_LIMIT_MB): {message}",
+        )
+    if is_transient(exc):
+        return Failure(True, ReasonCode.INTERNAL_ERROR, message, local_disk_errno(exc))
+    return Failure(False, ReasonCode.INTERNAL_ERROR, message)
 
 
 def parse_event(body: bytes, model: type[M]) -> M:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import random
 import time
 
 from faststream import FastStream
@@ -22,10 +21,12 @@ from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, OperationalErr
 
 from schemas.events import DLQ_TOPICS, STAGE_TOPICS, TOPIC_METADATA_DLQ, ReasonCode, dlq_topic
 from services.common import metrics
+from services.common.retry import backoff_delay
 from services.common.settings import Settings
 from services.common.stage import (
     PermanentError,
     TransientError,
+    classify,
     dlq_record,
     make_broker,
     publish_event,
@@ -98,6 +99,7 @@ def apply_batch(
 def build_app(settings: Settings) -> FastStream:
     broker = make_broker(settings, "metadata")
     engine = make_engine(settings)
+    rewinds = 0  # consecutive, for the backoff
 
     @broker.subscriber(
         *STAGE_TOPICS,
@@ -106,6 +108,7 @@ def build_app(settings: Settings) -> FastStream:
         **subscriber_options(settings, GROUP, batch=True),
     )
     async def on_records(msg: KafkaMessage) -> None:
+        nonlocal rewinds
         started = time.perf_counter()
         raw = msg.raw_message if isinstance(msg.raw_message, tuple) else (msg.raw_message,)
         records = [(str(r.topic()), r.value() or b"") for r in raw]
@@ -114,11 +117,17 @@ def build_app(settings: Settings) -> FastStream:
         except Exception as exc:
             # Transient (warehouse down) or not, never commit past an unapplied batch
             # (faststream issue #2618): rewind and retry; the upserts are idempotent.
-            log.warning("metadata: batch rewound, retrying: %s", exc)
+            delay = backoff_delay(rewinds, base_s=1.0)
+            rewinds += 1
+            kind = "transient" if classify(exc).transient else "unexpected"
+            log.warning(
+                "metadata: %s failure, batch rewound (retry in %.1fs): %s", kind, delay, exc
+            )
             metrics.REWINDS.labels("metadata").inc()
             await msg.nack()
-            await asyncio.sleep(random.uniform(1.0, 3.0))
+            await asyncio.sleep(delay)
             return
+        rewinds = 0
         for i, error in failures.items():
             r = raw[i]
             topic = str(r.topic())

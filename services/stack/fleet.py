@@ -43,12 +43,12 @@ class Fleet:
                 stdin=subprocess.DEVNULL,
                 env={
                     **os.environ,
-                    **self.env,
-                    "EGOLINE_METRICS_PORT": str(self.metrics_ports[name]),
                     # processes of one fleet share a node: share raw objects on local disk too
                     "EGOLINE_RAW_CACHE_DIR": os.environ.get(
                         "EGOLINE_RAW_CACHE_DIR", str(self.log_dir.parent / "raw-cache")
                     ),
+                    **self.env,
+                    "EGOLINE_METRICS_PORT": str(self.metrics_ports[name]),
                 },
                 start_new_session=True,
             )

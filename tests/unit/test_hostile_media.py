@@ -1,15 +1,15 @@
-"""Hostile files through decode's probe and validate's rules, each in a child process with an
-address-space limit: every one is rejected with a reason, within a time and memory bound."""
+"""Hostile files through decode's probe and validate's rules, each in a worker process set up
+as the stages set theirs up (the production `apply_memory_limit` initializer and `run_jobs`
+with the job time limit, from `Settings`): every one is rejected with a reason, within a time
+and memory bound."""
 
 from __future__ import annotations
 
 import hashlib
-import json
+import multiprocessing
 import os
-import resource
-import subprocess
-import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from datetime import UTC, datetime
 from fractions import Fraction
 from pathlib import Path
@@ -18,16 +18,22 @@ import av
 import numpy as np
 import pytest
 
+from services.common.batch import run_jobs
+from services.common.limits import apply_memory_limit
+from services.common.settings import Settings
+from services.common.stage import Failure
 from services.synth.writer import plan_episodes, write_episode
 
-AS_LIMIT = 2 << 30  # the child's address space: a decoder allocating a huge frame fails
 MAX_WALL_S = 30.0
 MAX_RSS_MB = 600.0
+# what a stage's workers run under: an address space in which a decoder allocating a huge
+# frame fails, and a per-job time limit past the bound the test asserts
+LIMITS = Settings(_env_file=None, worker_memory_limit_mb=2048, job_time_limit_s=MAX_WALL_S * 2)
 
 
-def check_in_child(path: str) -> None:
-    """Child process: the decode stage's probe, then the validate stage's rules (keyframes
-    decoded only if the size guard passes), as the stages run them; prints one JSON line."""
+def check_in_child(path: str) -> dict[str, object]:
+    """A worker's job: the decode stage's probe, then the validate stage's rules (keyframes
+    decoded only if the size guard passes), as the stages run them."""
     import shutil
 
     from schemas.events import EpisodeRef, EpisodeUploaded, SourceFile
@@ -68,31 +74,42 @@ def check_in_child(path: str) -> None:
             "warnings": [w.code.value for w in validated.warnings],
         }
     outcome["wall_s"] = time.perf_counter() - started
-    outcome["maxrss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(json.dumps(outcome))
+    outcome["maxrss_mb"] = peak_rss_mb()
+    return outcome
+
+
+def peak_rss_mb() -> float:
+    """This process image's peak RSS (VmHWM). Not `ru_maxrss`: Linux keeps that across fork
+    and exec, so a spawned worker would report its parent's size."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
 
 
 def run_bounded(path: Path) -> dict[str, object]:
-    def limit() -> None:
-        resource.setrlimit(resource.RLIMIT_AS, (AS_LIMIT, AS_LIMIT))
-
+    """One fresh worker (so its peak RSS is this file's), set up like a stage's."""
     started = time.monotonic()
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "import sys; from tests.unit.test_hostile_media import check_in_child; "
-            "check_in_child(sys.argv[1])",
-            str(path),
-        ],
-        capture_output=True,
-        timeout=MAX_WALL_S * 2,
-        preexec_fn=limit,
-        cwd=Path(__file__).parents[2],
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr.decode()[-2000:]
-    result: dict[str, object] = json.loads(proc.stdout.decode().strip().splitlines()[-1])
+    with ProcessPoolExecutor(
+        1,
+        mp_context=multiprocessing.get_context("spawn"),
+        initializer=apply_memory_limit,
+        initargs=(LIMITS.worker_memory_limit_mb,),
+    ) as worker:
+        results, _, _ = worker.submit(
+            run_jobs, check_in_child, [str(path)], LIMITS.job_time_limit_s
+        ).result(timeout=MAX_WALL_S * 3)
+    (result,) = results
+    if isinstance(result, Failure):  # over a limit (or a bug): a dead letter with a reason
+        assert not result.transient, result
+        outcome: dict[str, object] = {
+            "outcome": "dead_letter",
+            "reasons": [result.code.value, result.message],
+            "wall_s": time.monotonic() - started,
+            "maxrss_mb": 0.0,
+        }
+        return outcome
+    assert isinstance(result, dict)
     result["process_s"] = time.monotonic() - started
     return result
 

@@ -1,4 +1,5 @@
-"""Retries with exponential backoff and full jitter for calls to S3 and Kafka."""
+"""The one backoff policy: exponential with full jitter, used by every stage's rewind, the
+metadata service, the device agent and the object store's read retries."""
 
 from __future__ import annotations
 
@@ -11,12 +12,13 @@ from typing import TypeVar
 from services.common.stage import is_transient
 
 T = TypeVar("T")
-log = logging.getLogger("egoline.agent")
+log = logging.getLogger("egoline.retry")
 
 
 def backoff_delay(attempt: int, base_s: float = 0.5, cap_s: float = 30.0) -> float:
-    """Full jitter: uniform in [0, min(cap, base * 2^attempt)]."""
-    return random.uniform(0, min(cap_s, base_s * 2**attempt))
+    """Seconds to wait before retry number `attempt` (0-based): full jitter, uniform in
+    [0, min(cap, base * 2^attempt)] (the AWS architecture blog's "full jitter")."""
+    return random.uniform(0, min(cap_s, base_s * 2 ** max(0, attempt)))
 
 
 def with_retries(
@@ -25,8 +27,8 @@ def with_retries(
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
 ) -> T:
-    """Run `call`, retrying transient failures until `max_total_s` has passed; anything else
-    (and the last transient failure at the deadline) is raised."""
+    """Run `call`, retrying transient failures (`is_transient`) until `max_total_s` has
+    passed; anything else (and the last transient failure at the deadline) is raised."""
     deadline = clock() + max_total_s
     attempt = 0
     while True:
