@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import KafkaException
@@ -65,23 +66,79 @@ def admin_client(settings: Settings) -> AdminClient:
     return AdminClient(client_config(settings))
 
 
+@dataclass(frozen=True)
+class TopicPolicy:
+    """How topics are created: final partition count and durability."""
+
+    partitions: int
+    replication_factor: int = 1
+    min_insync_replicas: int = 1
+
+
+def production_topic_policy(settings: Settings, embedded_broker: bool) -> TopicPolicy:
+    """The pipeline's topics' policy from settings. One replica is what the embedded (one-node,
+    memory-only) broker has; on a real cluster it loses acknowledged records with a broker, so
+    it is refused there unless `EGOLINE_TOPIC_ALLOW_SINGLE_REPLICA=true` says so."""
+    policy = TopicPolicy(
+        settings.topic_partitions,
+        settings.topic_replication_factor,
+        settings.topic_min_insync_replicas,
+    )
+    if policy.min_insync_replicas > policy.replication_factor:
+        raise ValueError(
+            f"EGOLINE_TOPIC_MIN_INSYNC_REPLICAS={policy.min_insync_replicas} is more than "
+            f"EGOLINE_TOPIC_REPLICATION_FACTOR={policy.replication_factor}: no write succeeds"
+        )
+    single = policy.replication_factor == 1 and not embedded_broker
+    if single and not settings.topic_allow_single_replica:
+        raise RuntimeError(
+            "refusing to create production topics with one replica: set "
+            "EGOLINE_TOPIC_REPLICATION_FACTOR (3, with EGOLINE_TOPIC_MIN_INSYNC_REPLICAS=2, "
+            "on a cluster of three or more brokers), or EGOLINE_TOPIC_ALLOW_SINGLE_REPLICA="
+            "true for a single-broker cluster"
+        )
+    return policy
+
+
 def ensure_topics(
-    admin: AdminClient, topics: Iterable[str], partitions: int, timeout_s: float = 30.0
+    admin: AdminClient,
+    topics: Iterable[str],
+    policy: TopicPolicy | int,
+    timeout_s: float = 30.0,
 ) -> None:
-    """Create the topics that don't exist yet, with their final partition count.
+    """Create the topics that don't exist yet, with their final partition count, replication
+    factor and `min.insync.replicas` (an int: that many partitions, one replica).
 
     Partitions are fixed at creation: adding them later reshuffles keys (and the embedded
-    broker can't do it at all), so the count is chosen up front.
+    broker can't do it at all), so the count is chosen up front. A replication factor larger
+    than the cluster's broker count is refused before anything is created.
     """
+    if isinstance(policy, int):
+        policy = TopicPolicy(policy)
     wanted = [t for t in topics]
     deadline = time.monotonic() + timeout_s
     while True:
-        existing = set(admin.list_topics(timeout=10).topics)
+        metadata = admin.list_topics(timeout=10)
+        existing = set(metadata.topics)
         missing = [t for t in wanted if t not in existing]
         if not missing:
             return
+        brokers = len(metadata.brokers)
+        if brokers and policy.replication_factor > brokers:
+            raise RuntimeError(
+                f"replication factor {policy.replication_factor} needs as many brokers; the "
+                f"cluster has {brokers} (EGOLINE_TOPIC_REPLICATION_FACTOR)"
+            )
         futures = admin.create_topics(
-            [NewTopic(t, num_partitions=partitions, replication_factor=1) for t in missing]
+            [
+                NewTopic(
+                    t,
+                    num_partitions=policy.partitions,
+                    replication_factor=policy.replication_factor,
+                    config={"min.insync.replicas": str(policy.min_insync_replicas)},
+                )
+                for t in missing
+            ]
         )
         for topic, future in futures.items():
             try:

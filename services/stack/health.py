@@ -22,7 +22,7 @@ T = TypeVar("T")
 def kafka_round_trip(settings: Settings, timeout_s: float = 10.0) -> None:
     """Produce one record to the health topic and read exactly that record back."""
     admin = kafka.admin_client(settings)
-    kafka.ensure_topics(admin, [HEALTH_TOPIC], partitions=1)
+    kafka.ensure_topics(admin, [HEALTH_TOPIC], 1)
     token = uuid.uuid4().hex.encode()
     producer = Producer(kafka.producer_config(settings))
     delivered: list[int] = []

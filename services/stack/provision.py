@@ -31,8 +31,12 @@ def stack_up(base: Settings, log: Callable[[str], None] = print) -> dict[str, He
     if failed:
         details = "; ".join(f"{n}: {h.detail}" for n, h in failed.items())
         raise RuntimeError(f"stack not usable ({details}); logs are in {stack.dir}")
-    log(f"creating topics ({settings.topic_partitions} partitions each) and bucket")
-    kafka.ensure_topics(kafka.admin_client(settings), ALL_TOPICS, settings.topic_partitions)
+    policy = kafka.production_topic_policy(settings, embedded_broker=state["kafka"].started_by_us)
+    log(
+        f"creating topics ({policy.partitions} partitions, {policy.replication_factor} "
+        f"replicas, min.insync.replicas {policy.min_insync_replicas}) and bucket"
+    )
+    kafka.ensure_topics(kafka.admin_client(settings), ALL_TOPICS, policy)
     object_store(settings).ensure_bucket()
     from services.metadata.warehouse import upgrade
 

@@ -38,7 +38,7 @@ pytestmark = pytest.mark.connected
 def test_end_offsets_and_lag_are_right_for_a_batched_topic(stack: Settings) -> None:
     topic = f"lagtest.{uuid.uuid4().hex[:8]}"
     group = f"lagtest-{uuid.uuid4().hex[:8]}"
-    kafka.ensure_topics(kafka.admin_client(stack), [topic], partitions=1)
+    kafka.ensure_topics(kafka.admin_client(stack), [topic], 1)
     producer = Producer({**kafka.producer_config(stack), "linger.ms": 200})
     for i in range(10):  # one record batch: ListOffsets on the embedded broker says 1
         producer.produce(topic, value=str(i).encode())

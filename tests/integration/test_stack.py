@@ -37,3 +37,27 @@ def test_second_up_reuses_the_running_stack(stack: Settings) -> None:
     stack_up(stack, log=lambda _line: None)
     after = Stack(stack.stack_dir).read_state()
     assert {n: s.pid for n, s in after.items()} == {n: s.pid for n, s in before.items()}
+
+
+def test_topics_are_created_with_their_durability_and_never_beyond_the_cluster(
+    stack: Settings,
+) -> None:
+    import uuid
+
+    from confluent_kafka.admin import ConfigResource  # type: ignore[attr-defined]
+
+    from services.common import kafka
+
+    admin = kafka.admin_client(stack)
+    brokers = len(admin.list_topics(timeout=10).brokers)
+    name = f"_egoline.check.{uuid.uuid4().hex[:8]}"
+    with pytest.raises(RuntimeError, match="needs as many brokers"):
+        kafka.ensure_topics(admin, [name], kafka.TopicPolicy(1, brokers + 1, 1))
+    assert name not in admin.list_topics(timeout=10).topics
+    kafka.ensure_topics(admin, [name], kafka.TopicPolicy(2, 1, 1))
+    metadata = admin.list_topics(name, timeout=10).topics[name]
+    assert len(metadata.partitions) == 2
+    assert {len(p.replicas) for p in metadata.partitions.values()} == {1}
+    resource = ConfigResource(ConfigResource.Type.TOPIC, name)
+    configs = admin.describe_configs([resource])[resource].result(timeout=10)
+    assert configs["min.insync.replicas"].value == "1"
