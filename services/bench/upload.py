@@ -55,11 +55,16 @@ def write_recording(root: Path, size_mb: int) -> Path:
 
 
 def kill_and_resume(
-    folder: Path, state: Path, bandwidth_mb_s: float, extra_env: dict[str, str] | None = None
+    folder: Path,
+    state: Path,
+    bandwidth_mb_s: float,
+    extra_env: dict[str, str] | None = None,
+    after_kill: Callable[[Path], None] | None = None,
 ) -> tuple[int, str]:
     """Upload `folder` with an agent process capped at `bandwidth_mb_s`, SIGKILL it once three
-    parts are acknowledged, then run it again uncapped to the end. Returns (parts acknowledged
-    at the kill, the resumed run's stdout)."""
+    parts are acknowledged, call `after_kill(journal path)` if given (a test's way to damage
+    the journal), then run it again uncapped to the end. Returns (parts acknowledged at the
+    kill, the resumed run's stdout)."""
     env = {
         **os.environ,
         "EGOLINE_AGENT_STATE_DIR": str(state),
@@ -79,6 +84,8 @@ def kill_and_resume(
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     acked = count_acked_parts(state / "journal.sqlite")
+    if after_kill is not None:
+        after_kill(state / "journal.sqlite")
     resumed = subprocess.run(
         command, env=env, check=True, capture_output=True, text=True, timeout=600
     )
