@@ -148,9 +148,12 @@ class Journal:
             (state, reason, time.time(), queue_id),
         )
 
-    def set_total(self, queue_id: str, bytes_total: int) -> None:
+    def start_upload(self, queue_id: str, bytes_total: int) -> None:
+        """State `uploading` with the episode's size in bytes, in one commit."""
         self._write(
-            "UPDATE episodes SET bytes_total = ? WHERE queue_id = ?", (bytes_total, queue_id)
+            "UPDATE episodes SET state = 'uploading', reason = NULL, bytes_total = ?, "
+            "updated_at = ? WHERE queue_id = ?",
+            (bytes_total, time.time(), queue_id),
         )
 
     def schedule_retry(self, queue_id: str, reason: str, delay_s: float) -> None:

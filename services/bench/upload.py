@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from services.agent.journal import Journal, count_acked_parts
-from services.agent.runner import make_agent
+from services.agent.runner import make_agent, make_producer
 from services.common.objectstore import object_store
 from services.common.settings import Settings
 
@@ -123,6 +123,7 @@ def bench_upload(
         store.delete(warmup)
         baseline_s: list[float] = []
         agent_s: list[float] = []
+        producer = make_producer(settings)  # one per process, as the agent runs on a device
 
         def run_baseline() -> None:
             key = f"bench/baseline/{uuid.uuid4().hex}"
@@ -133,7 +134,8 @@ def bench_upload(
 
         def run_agent() -> None:
             state = root / f"agent-{len(agent_s)}"
-            agent = make_agent(settings.model_copy(update={"agent_state_dir": state}), store)
+            agent_settings = settings.model_copy(update={"agent_state_dir": state})
+            agent = make_agent(agent_settings, store, producer=producer)
             started = time.perf_counter()
             counts = agent.run_once([folder], 60.0)
             agent_s.append(time.perf_counter() - started)
