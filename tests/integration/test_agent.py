@@ -20,6 +20,7 @@ import pytest
 
 from schemas.events import TOPIC_UPLOADED
 from services.agent.journal import Journal
+from services.agent.multipart import multipart_etag, part_ranges
 from services.agent.runner import make_agent
 from services.bench.upload import kill_and_resume
 from services.common.objectstore import object_store
@@ -112,6 +113,14 @@ def test_resume_after_the_journal_lost_the_upload_id_adopts_the_upload_in_progre
     local = (folder / "video.mp4").read_bytes()
     assert hashlib.sha256(store.get_bytes(raw_key)).digest() == hashlib.sha256(local).digest()
     assert store.list_uploads(raw_key) == []  # the adopted upload is the one completed
+    # the agent checks the completed object by this ETag instead of a HEAD: it must be the
+    # store's (else every upload pays the fallback HEAD)
+    part_md5s = {
+        n: hashlib.md5(local[o : o + ln]).hexdigest()  # noqa: S324 - S3's part ETag
+        for n, o, ln in part_ranges(len(local), 5 * MB)
+    }
+    info = store.stat(raw_key)
+    assert info is not None and info.etag.strip('"') == multipart_etag(part_md5s)
 
 
 def test_broker_paused_during_publish_gives_exactly_one_event(
