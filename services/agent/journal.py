@@ -51,13 +51,16 @@ CREATE TABLE IF NOT EXISTS parts (
     acked_at REAL NOT NULL,
     PRIMARY KEY (object_key, upload_id, part_number)
 );
-CREATE TABLE IF NOT EXISTS part_sends (
+CREATE TABLE IF NOT EXISTS sends (
     object_key TEXT NOT NULL,
     upload_id TEXT NOT NULL,
     part_number INTEGER NOT NULL,
+    byte_offset INTEGER NOT NULL,
+    length INTEGER NOT NULL,
     session TEXT NOT NULL,
     sent_at REAL NOT NULL
 );
+CREATE INDEX IF NOT EXISTS sends_by_key ON sends (object_key, byte_offset);
 """
 
 STATES = ("pending", "uploading", "uploaded", "published", "archived", "deleted", "retry", "failed")
@@ -66,6 +69,19 @@ STATES = ("pending", "uploading", "uploaded", "published", "archived", "deleted"
 EPISODE_COLUMNS = (
     "queue_id, directory, state, reason, event_json, bytes_total, attempts, next_attempt_at"
 )
+
+
+@dataclass(frozen=True)
+class AckedPart:
+    """A part the store acknowledged: its number (from 1), where it lies in the file (bytes),
+    its ETag, and the send that carried it (session, unix time), or None for a part recognised
+    on resume that this process did not send."""
+
+    number: int
+    byte_offset: int
+    length: int
+    etag: str
+    sent: tuple[str, float] | None
 
 
 @dataclass(frozen=True)
@@ -132,9 +148,12 @@ class Journal:
             (state, reason, time.time(), queue_id),
         )
 
-    def set_total(self, queue_id: str, bytes_total: int) -> None:
+    def start_upload(self, queue_id: str, bytes_total: int) -> None:
+        """State `uploading` with the episode's size in bytes, in one commit."""
         self._write(
-            "UPDATE episodes SET bytes_total = ? WHERE queue_id = ?", (bytes_total, queue_id)
+            "UPDATE episodes SET state = 'uploading', reason = NULL, bytes_total = ?, "
+            "updated_at = ? WHERE queue_id = ?",
+            (bytes_total, time.time(), queue_id),
         )
 
     def schedule_retry(self, queue_id: str, reason: str, delay_s: float) -> None:
@@ -219,29 +238,26 @@ class Journal:
         )
         return {int(str(n)): str(etag) for n, etag in rows}
 
-    def ack_part(
-        self,
-        object_key: str,
-        upload_id: str,
-        number: int,
-        etag: str,
-        size: int,
-        sent: tuple[str, float] | None,
-    ) -> None:
-        """Record a part the store acknowledged, with the send that carried it (session, time),
-        in one durable transaction; `sent` is None for a part recognised on resume."""
+    def ack_parts(self, object_key: str, upload_id: str, parts: list[AckedPart]) -> None:
+        """Record parts the store acknowledged, each with the send that carried it, in one
+        durable transaction (a batch costs one fsync, not one per part)."""
+        if not parts:
+            return
         now = time.time()
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
-                if sent is not None:
-                    self._db.execute(
-                        "INSERT INTO part_sends VALUES (?, ?, ?, ?, ?)",
-                        (object_key, upload_id, number, sent[0], sent[1]),
-                    )
-                self._db.execute(
+                self._db.executemany(
+                    "INSERT INTO sends VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    [
+                        (object_key, upload_id, p.number, p.byte_offset, p.length, *p.sent)
+                        for p in parts
+                        if p.sent is not None
+                    ],
+                )
+                self._db.executemany(
                     "INSERT OR IGNORE INTO parts VALUES (?, ?, ?, ?, ?, ?)",
-                    (object_key, upload_id, number, etag, size, now),
+                    [(object_key, upload_id, p.number, p.etag, p.length, now) for p in parts],
                 )
                 self._db.execute("COMMIT")
             except BaseException:
@@ -249,12 +265,17 @@ class Journal:
                 raise
 
     def parts_resent(self) -> int:
-        """Sends of a part after the store had already acknowledged that part of the same
-        upload (complete parts sent again). The resume logic aims for 0."""
+        """Acknowledged sends of a byte range of a file (its raw key) that an earlier
+        acknowledged send of the same file already covered, in whole or in part, whatever the
+        multipart upload id of either. The resume logic aims for 0.
+
+        Only acknowledged sends are logged: a part in flight when the agent dies is lost with
+        the process and is not counted when it goes again."""
         rows = self._read(
-            "SELECT count(*) FROM part_sends s JOIN parts p ON p.object_key = s.object_key "
-            "AND p.upload_id = s.upload_id AND p.part_number = s.part_number "
-            "WHERE s.sent_at > p.acked_at"
+            "SELECT count(*) FROM sends s WHERE EXISTS (SELECT 1 FROM sends e "
+            "WHERE e.object_key = s.object_key AND e.rowid < s.rowid "
+            "AND e.byte_offset < s.byte_offset + s.length "
+            "AND s.byte_offset < e.byte_offset + e.length)"
         )
         return int(str(rows[0][0]))
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -47,7 +48,10 @@ class LocalFile:
         return _fingerprint(self.paths) != self.fingerprint
 
     def read_at(self, offset: int, length: int) -> bytes:
-        """`length` bytes from logical `offset` (across chunk boundaries)."""
+        """`length` bytes from logical `offset` (across chunk boundaries); fewer at the end."""
+        if len(self.paths) == 1:  # the common case: one read, no copy into a join buffer
+            with self.paths[0].open("rb", buffering=0) as handle:
+                return os.pread(handle.fileno(), length, offset)
         out = bytearray()
         position = 0
         for path in self.paths:
@@ -129,12 +133,14 @@ def hash_file(paths: tuple[Path, ...]) -> LocalFile:
     before = _fingerprint(paths)
     digest = hashlib.sha256()
     size = 0
+    buffer = bytearray(READ_CHUNK)  # one buffer reused: no allocation per chunk
+    view = memoryview(buffer)
     try:
         for path in paths:
-            with path.open("rb") as handle:
-                while chunk := handle.read(READ_CHUNK):
-                    digest.update(chunk)
-                    size += len(chunk)
+            with path.open("rb", buffering=0) as handle:
+                while n := handle.readinto(buffer):
+                    digest.update(view[:n])
+                    size += n
     except OSError as exc:
         raise AgentInputError(f"cannot read {paths[0].name}: {exc}") from exc
     if size == 0:

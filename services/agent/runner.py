@@ -104,11 +104,10 @@ class Agent:
                 self.publish(timeout_s=0)
 
     def _process(self, queue_id: str, directory: Path) -> None:
-        self.journal.set_state(queue_id, "uploading")
         try:
             episode = describe(directory)
             total = sum(f.size_bytes for _, f in episode.files())
-            self.journal.set_total(queue_id, total)
+            self.journal.start_upload(queue_id, total)
             self.progress.on_episode_start(queue_id, total)
             for source, local in episode.files():
                 upload_file(
@@ -211,11 +210,25 @@ class Agent:
         self.producer.flush(10)
 
 
-def make_agent(settings: Settings, store: ObjectStore, progress: Progress | None = None) -> Agent:
-    config = {
-        **kafka.producer_config(settings),
-        # keep trying to deliver through broker outages; the journal holds the event anyway
-        "message.timeout.ms": int(settings.agent_message_timeout_s * 1000),
-    }
+def make_agent(
+    settings: Settings,
+    store: ObjectStore,
+    progress: Progress | None = None,
+    producer: Producer | None = None,
+) -> Agent:
+    """An agent on its own journal; `producer` is shared if given (one per process: each new
+    one opens its own broker connections and idempotent-producer id)."""
     journal = Journal(settings.agent_state_dir / "journal.sqlite")
-    return Agent(settings, store, journal, Producer(config), progress or Progress())
+    return Agent(
+        settings, store, journal, producer or make_producer(settings), progress or Progress()
+    )
+
+
+def make_producer(settings: Settings) -> Producer:
+    return Producer(
+        {
+            **kafka.producer_config(settings),
+            # keep trying to deliver through broker outages; the journal holds the event anyway
+            "message.timeout.ms": int(settings.agent_message_timeout_s * 1000),
+        }
+    )

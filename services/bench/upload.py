@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from services.agent.journal import Journal, count_acked_parts
-from services.agent.runner import make_agent
+from services.agent.runner import make_agent, make_producer
 from services.common.objectstore import object_store
 from services.common.settings import Settings
 
@@ -55,11 +55,16 @@ def write_recording(root: Path, size_mb: int) -> Path:
 
 
 def kill_and_resume(
-    folder: Path, state: Path, bandwidth_mb_s: float, extra_env: dict[str, str] | None = None
+    folder: Path,
+    state: Path,
+    bandwidth_mb_s: float,
+    extra_env: dict[str, str] | None = None,
+    after_kill: Callable[[Path], None] | None = None,
 ) -> tuple[int, str]:
     """Upload `folder` with an agent process capped at `bandwidth_mb_s`, SIGKILL it once three
-    parts are acknowledged, then run it again uncapped to the end. Returns (parts acknowledged
-    at the kill, the resumed run's stdout)."""
+    parts are acknowledged, call `after_kill(journal path)` if given (a test's way to damage
+    the journal), then run it again uncapped to the end. Returns (parts acknowledged at the
+    kill, the resumed run's stdout)."""
     env = {
         **os.environ,
         "EGOLINE_AGENT_STATE_DIR": str(state),
@@ -79,6 +84,8 @@ def kill_and_resume(
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     acked = count_acked_parts(state / "journal.sqlite")
+    if after_kill is not None:
+        after_kill(state / "journal.sqlite")
     resumed = subprocess.run(
         command, env=env, check=True, capture_output=True, text=True, timeout=600
     )
@@ -116,6 +123,7 @@ def bench_upload(
         store.delete(warmup)
         baseline_s: list[float] = []
         agent_s: list[float] = []
+        producer = make_producer(settings)  # one per process, as the agent runs on a device
 
         def run_baseline() -> None:
             key = f"bench/baseline/{uuid.uuid4().hex}"
@@ -126,7 +134,8 @@ def bench_upload(
 
         def run_agent() -> None:
             state = root / f"agent-{len(agent_s)}"
-            agent = make_agent(settings.model_copy(update={"agent_state_dir": state}), store)
+            agent_settings = settings.model_copy(update={"agent_state_dir": state})
+            agent = make_agent(agent_settings, store, producer=producer)
             started = time.perf_counter()
             counts = agent.run_once([folder], 60.0)
             agent_s.append(time.perf_counter() - started)

@@ -31,6 +31,15 @@ class ObjectInfo:
 
 
 @dataclass(frozen=True)
+class StoredPart:
+    """One part of a multipart upload in progress: its ETag (hex MD5 of the part's bytes on
+    S3, MinIO and moto) and its size in bytes (-1 if the store did not report it)."""
+
+    etag: str
+    size: int
+
+
+@dataclass(frozen=True)
 class ListedObject:
     key: str
     size: int
@@ -131,9 +140,9 @@ class ObjectStore:
         """Upload one part (1-based number); returns its ETag (hex MD5 of the part)."""
         return str(self.client._upload_part(self.bucket, key, data, None, upload_id, part_number))
 
-    def list_parts(self, key: str, upload_id: str) -> dict[int, str] | None:
-        """Parts the store holds for an upload ({number: etag}), or None if the upload is gone."""
-        parts: dict[int, str] = {}
+    def list_parts(self, key: str, upload_id: str) -> dict[int, StoredPart] | None:
+        """Parts the store holds for an upload, by number, or None if the upload is gone."""
+        parts: dict[int, StoredPart] = {}
         marker: str | None = None
         while True:
             try:
@@ -144,10 +153,29 @@ class ObjectStore:
                 if exc.code == "NoSuchUpload":
                     return None
                 raise
-            parts.update({p.part_number: p.etag for p in result.parts})
+            for p in result.parts:
+                size = -1 if p.size is None else int(p.size)  # -1: the store did not say
+                parts[p.part_number] = StoredPart(p.etag.strip('"'), size)
             if not result.is_truncated:
                 return parts
             marker = result.next_part_number_marker
+
+    def list_uploads(self, key: str) -> list[str]:
+        """Ids of the multipart uploads in progress for exactly `key`, oldest first (S3 lists
+        the uploads of one key in initiation order)."""
+        ids: list[str] = []
+        key_marker: str | None = None
+        id_marker: str | None = None
+        while True:
+            result = self.client._list_multipart_uploads(
+                self.bucket, prefix=key, key_marker=key_marker, upload_id_marker=id_marker
+            )
+            ids += [str(u.upload_id) for u in result.uploads if u.object_name == key]
+            if not result.is_truncated or not result.uploads:
+                return ids
+            # minio-py misnames the parsed NextUploadIdMarker; the last listed id is the same
+            key_marker = result.uploads[-1].object_name
+            id_marker = result.uploads[-1].upload_id
 
     def complete_multipart(self, key: str, upload_id: str, etags: dict[int, str]) -> str:
         """Complete an upload from its parts in number order; returns the object's ETag."""

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -18,6 +20,7 @@ import pytest
 
 from schemas.events import TOPIC_UPLOADED
 from services.agent.journal import Journal
+from services.agent.multipart import multipart_etag, part_ranges
 from services.agent.runner import make_agent
 from services.bench.upload import kill_and_resume
 from services.common.objectstore import object_store
@@ -76,6 +79,48 @@ def test_kill_9_mid_upload_resumes_without_resending_parts(stack: Settings, tmp_
     stored = object_store(stack).get_bytes(raw_key)
     assert hashlib.sha256(stored).digest() == hashlib.sha256(local).digest()
     assert len(events_for(stack, episode_id)) == 1
+
+
+def test_resume_after_the_journal_lost_the_upload_id_adopts_the_upload_in_progress(
+    stack: Settings, tmp_path: Path
+) -> None:
+    """Given an agent killed mid-upload whose journal then lost the multipart upload id, when
+    it resumes, then it continues the store's upload in progress: no byte range goes twice."""
+    folder, _ = make_episode(tmp_path / "rec", size_mb=40)
+    state = tmp_path / "agent"
+
+    def forget_upload_id(journal_path: Path) -> None:
+        with contextlib.closing(sqlite3.connect(journal_path)) as db, db:
+            assert db.execute("UPDATE uploads SET upload_id = NULL").rowcount == 1
+
+    acked, stdout = kill_and_resume(
+        folder,
+        state,
+        bandwidth_mb_s=6,
+        extra_env={"EGOLINE_AGENT_UPLOAD_CONCURRENCY": "2"},
+        after_kill=forget_upload_id,
+    )
+    assert 3 <= acked < 8, "the kill must land mid-upload (8 parts in all)"
+    assert json.loads(stdout.strip().splitlines()[-1])["parts_resent"] == 0
+
+    journal = Journal(state / "journal.sqlite")
+    assert journal.parts_resent() == 0
+    assert journal.counts() == {"published": 1}
+    event = journal.episodes()[0].event_json
+    assert event is not None
+    raw_key = json.loads(event)["episode"]["video"]["key"]
+    store = object_store(stack)
+    local = (folder / "video.mp4").read_bytes()
+    assert hashlib.sha256(store.get_bytes(raw_key)).digest() == hashlib.sha256(local).digest()
+    assert store.list_uploads(raw_key) == []  # the adopted upload is the one completed
+    # the agent checks the completed object by this ETag instead of a HEAD: it must be the
+    # store's (else every upload pays the fallback HEAD)
+    part_md5s = {
+        n: hashlib.md5(local[o : o + ln]).hexdigest()  # noqa: S324 - S3's part ETag
+        for n, o, ln in part_ranges(len(local), 5 * MB)
+    }
+    info = store.stat(raw_key)
+    assert info is not None and info.etag.strip('"') == multipart_etag(part_md5s)
 
 
 def test_broker_paused_during_publish_gives_exactly_one_event(

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from services.agent.journal import Journal
+from services.agent.journal import AckedPart, Journal
 from services.agent.multipart import part_ranges
 from services.agent.ratelimit import TokenBucket
 from services.agent.recordings import AgentInputError, describe, find_ready, raw_key
@@ -116,3 +116,22 @@ def test_journal_keeps_an_event_once(tmp_path: Path) -> None:
     row = journal.episode("q1")
     assert row is not None and row.event_json == '{"first": 1}' and row.state == "uploaded"
     assert not journal.add_episode("q1", tmp_path)
+
+
+def test_parts_resent_counts_a_byte_range_sent_again_under_a_new_upload_id(
+    tmp_path: Path,
+) -> None:
+    journal = Journal(tmp_path / "j.sqlite")
+    first = [AckedPart(n, (n - 1) * 10, 10, f"e{n}", ("s1", float(n))) for n in (1, 2)]
+    journal.ack_parts("raw/k", "upload-a", first)
+    assert journal.parts_resent() == 0
+    # resumed under a new upload id: part 2 sent again, part 3 is new
+    again = [AckedPart(n, (n - 1) * 10, 10, f"e{n}", ("s2", 10.0 + n)) for n in (2, 3)]
+    journal.ack_parts("raw/k", "upload-b", again)
+    # a part recognised on resume is not a send; another file's same range is not a re-send
+    journal.ack_parts("raw/k", "upload-b", [AckedPart(1, 0, 10, "e1", None)])
+    journal.ack_parts("raw/other", "upload-c", [AckedPart(1, 0, 10, "e1", ("s2", 20.0))])
+    assert journal.parts_resent() == 1
+    # a range cut differently still overlaps what was sent
+    journal.ack_parts("raw/k", "upload-d", [AckedPart(1, 5, 10, "x", ("s3", 30.0))])
+    assert journal.parts_resent() == 2
