@@ -222,7 +222,9 @@ def test_splits_are_stable_as_the_corpus_grows_and_no_session_straddles_them(
     upgrade(settings)
     started = datetime(2026, 1, 1, tzinfo=UTC)
 
-    def uploaded(i: int) -> tuple[str, bytes]:
+    def uploaded(
+        i: int, session: int | None = None, later: timedelta = timedelta()
+    ) -> tuple[str, bytes]:
         sha = hashlib.sha256(str(i).encode()).hexdigest()
         event = EpisodeUploaded(
             event_id=sha[:32],
@@ -230,8 +232,8 @@ def test_splits_are_stable_as_the_corpus_grows_and_no_session_straddles_them(
             episode=EpisodeRef(
                 episode_id=f"grow{i:05d}",
                 device_id=f"dev{i % 7}",
-                session_id=f"session{i // 5}",
-                started_at=started + timedelta(minutes=i),
+                session_id=f"session{i // 5 if session is None else session}",
+                started_at=started + later + timedelta(minutes=i),
                 video=SourceFile(key=f"raw/dev/{i}/{sha}.mp4", sha256=sha, size_bytes=1),
             ),
         )
@@ -242,12 +244,24 @@ def test_splits_are_stable_as_the_corpus_grows_and_no_session_straddles_them(
             rows = conn.execute("SELECT episode_id, session_id, split FROM episodes").fetchall()
         return {e: (s, split) for e, s, split in rows}
 
-    apply_all(settings, [uploaded(i) for i in range(0, 300)])
+    apply_all(settings, [uploaded(i) for i in range(0, 300)])  # sessions 0..59
     before = splits()
-    apply_all(settings, [uploaded(i) for i in range(300, 1000)])
+    split_before = {session: split for session, split in before.values()}
+    assert set(split_before.values()) == {"train", "eval"}, "the cut must have both sides"
+    # when the corpus grows: new sessions, and every session of the first cut gets two more
+    # episodes days later, from other devices, so both train and eval sessions grow across it
+    grown = [
+        uploaded(1000 + 2 * s + k, session=s, later=timedelta(days=3 + k))
+        for s in range(60)
+        for k in range(2)
+    ]
+    apply_all(settings, [uploaded(i) for i in range(300, 1000)] + grown)
     after = splits()
-    assert len(after) == 1000
+    assert len(after) == 1000 + len(grown)
     assert {e: after[e] for e in before} == before  # growth moved no episode
+    for i in range(1000, 1000 + len(grown)):
+        session, split = after[f"grow{i:05d}"]
+        assert split == split_before[session], f"{session} grew into {split} across the cut"
     by_session: dict[str, set[str]] = {}
     for session, split in after.values():
         by_session.setdefault(session, set()).add(split)
