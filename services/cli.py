@@ -118,6 +118,8 @@ def serve(
 
     from faststream import FastStream
 
+    from services.common.scheduling import start_delay_s
+
     if stage not in SERVE_STAGES:
         raise typer.BadParameter(f"unknown stage {stage!r}; one of {', '.join(SERVE_STAGES)}")
     if group and stage != "lag":
@@ -139,7 +141,7 @@ def serve(
         serve_lag(settings, settings.metrics_port or 9308, group or [], stop)
         return
     # Staggered start: a fleet restarted together doesn't stampede the broker and object store.
-    time.sleep(random.uniform(0, settings.start_jitter_s))
+    time.sleep(start_delay_s(settings.start_jitter_s, random.Random()))
     apps = {
         "decode": "services.decode.app",
         "validate": "services.validate.app",

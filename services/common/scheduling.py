@@ -1,4 +1,4 @@
-"""Pure scheduling: pack jobs onto worker processes by cost, and ramp concurrency up.
+"""Pure scheduling: pack jobs onto worker processes by cost, ramp concurrency up, stagger starts.
 
 Longest-processing-time-first (LPT) puts each job, largest first, on the least-loaded worker;
 its makespan is within 4/3 of the optimum, so workers of a batch finish close together.
@@ -6,6 +6,7 @@ its makespan is within 4/3 of the optimum, so workers of a batch finish close to
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -20,7 +21,8 @@ def lpt_assign(costs: Sequence[float], workers: int) -> list[list[int]]:
         target = min(range(workers), key=lambda w: (loads[w], w))
         plan[target].append(job)
         loads[target] += costs[job]
-    return [p for p in plan if p]
+    # LPT places largest first; each worker then runs its share in submission order.
+    return [sorted(p) for p in plan if p]
 
 
 def makespan_ratio(worker_busy_s: Sequence[float], wall_s: float) -> float:
@@ -43,3 +45,12 @@ class Ramp:
         width = min(self.maximum, self.current)
         self.current = min(self.maximum, self.current + 1)
         return width
+
+
+def start_delay_s(max_delay_s: float, rng: random.Random) -> float:
+    """Staggered start: seconds to wait before connecting, uniform in [0, max_delay_s], so a
+    fleet restarted together spreads its first broker and object-store calls over the window.
+    Raises ValueError for a negative maximum."""
+    if max_delay_s < 0:
+        raise ValueError("max_delay_s must be >= 0")
+    return rng.uniform(0.0, max_delay_s)

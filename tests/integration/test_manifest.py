@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import adbc_driver_postgresql.dbapi as adbc
 import psycopg
 import pytest
 from hypothesis import HealthCheck, given
@@ -27,7 +28,7 @@ from services.common.objectstore import object_store
 from services.common.settings import Settings
 from services.manifest.build import BuiltManifest, build_manifest, render
 from services.manifest.load import load_manifest, manifest_rows
-from services.manifest.query import ManifestFilter
+from services.manifest.query import ManifestFilter, build_query
 from services.metadata.app import apply_batch
 from services.metadata.warehouse import make_engine, upgrade
 from services.stack.fleet import Fleet
@@ -206,13 +207,58 @@ def test_manifest_filters_select_by_tag_device_split_and_verdict(
 def test_rendered_literals_are_the_values_the_server_would_bind(
     stack: Settings, texts: list[str], moment: datetime, number: int
 ) -> None:
-    """`render` (parameters -> literals for the COPY) gives the server exactly the bound values."""
+    """`render` (parameters -> literals for the COPY) gives the server exactly the bound values,
+    on the ADBC connection the build runs its statements on (not only on psycopg's)."""
     statement = "SELECT $1::text[], $2::timestamptz, $3::int4, $4::text"
     params: list[object] = [texts, moment, number, texts[0] if texts else ""]
     with psycopg.connect(stack.database_libpq_url) as conn:
         bound = conn.execute(re.sub(r"\$\d", "%s", statement), params).fetchone()
-        literal = conn.execute(render(statement, params, conn).encode()).fetchone()
-    assert literal == bound == (texts, moment, number, params[3])
+        literal = render(statement, params, conn)
+    assert bound == (texts, moment, number, params[3])
+    assert adbc_rows(stack, literal) == [bound]
+
+
+def adbc_rows(settings: Settings, statement: str) -> list[tuple[Any, ...]]:
+    """Run `statement` as `fetch_episodes` does: an ADBC connection, the result streamed as
+    Arrow record batches (the driver's COPY path, taken for a statement without parameters)."""
+    with adbc.connect(settings.database_libpq_url, autocommit=True) as conn, conn.cursor() as cur:
+        cur.execute(statement)
+        table = cur.fetch_record_batch().read_all()
+    return list(zip(*(column.to_pylist() for column in table.columns), strict=True))
+
+
+def test_the_rendered_manifest_query_selects_on_adbc_what_the_bound_one_selects(
+    stack: Settings, ingested: Ingested
+) -> None:
+    with psycopg.connect(stack.database_libpq_url) as conn:
+        facts = conn.execute(
+            "SELECT device_id, min(started_at) FROM episodes WHERE episode_id = ANY(%s) "
+            "GROUP BY device_id ORDER BY device_id",
+            (ingested.good,),
+        ).fetchall()
+    (device, first), *_ = facts
+    hostile = ["dev1'; DROP TABLE clips; --", "$1", "\\'", 'a"b', "{x,y}", "Ω'"]
+    filters = [
+        ManifestFilter(),
+        ManifestFilter(devices=[device, *hostile]),
+        ManifestFilter(started_from=first, started_before=datetime.now(UTC)),
+        ManifestFilter(
+            tags=["synthetic"], verdicts=["accept", "accept_with_warnings"], max_warnings=5
+        ),
+        ManifestFilter(max_jitter_s=0.5, min_imu_rate_hz=1e-3, min_height=1),
+        ManifestFilter(devices=hostile, tags=hostile, splits=hostile),
+    ]
+    with psycopg.connect(stack.database_libpq_url, cursor_factory=psycopg.RawCursor) as conn:
+        for flt in filters:
+            for key_range in ((None, None), (None, ingested.good[1]), (ingested.good[1], None)):
+                sql, params = build_query(flt, key_range)
+                cur = conn.execute(sql, params)  # server-side binds: $n as the query has them
+                names = [d.name for d in cur.description or []]
+                bound = [row[names.index("episode_id")] for row in cur.fetchall()]
+                literal = adbc_rows(stack, render(sql, params, conn))
+                assert [row[names.index("episode_id")] for row in literal] == bound, flt
+                if flt == ManifestFilter() and key_range == (None, None):
+                    assert set(ingested.good) <= set(bound), "the query selects the corpus"
 
 
 def test_splits_are_stable_as_the_corpus_grows_and_no_session_straddles_them(
@@ -222,7 +268,9 @@ def test_splits_are_stable_as_the_corpus_grows_and_no_session_straddles_them(
     upgrade(settings)
     started = datetime(2026, 1, 1, tzinfo=UTC)
 
-    def uploaded(i: int) -> tuple[str, bytes]:
+    def uploaded(
+        i: int, session: int | None = None, later: timedelta = timedelta()
+    ) -> tuple[str, bytes]:
         sha = hashlib.sha256(str(i).encode()).hexdigest()
         event = EpisodeUploaded(
             event_id=sha[:32],
@@ -230,8 +278,8 @@ def test_splits_are_stable_as_the_corpus_grows_and_no_session_straddles_them(
             episode=EpisodeRef(
                 episode_id=f"grow{i:05d}",
                 device_id=f"dev{i % 7}",
-                session_id=f"session{i // 5}",
-                started_at=started + timedelta(minutes=i),
+                session_id=f"session{i // 5 if session is None else session}",
+                started_at=started + later + timedelta(minutes=i),
                 video=SourceFile(key=f"raw/dev/{i}/{sha}.mp4", sha256=sha, size_bytes=1),
             ),
         )
@@ -242,12 +290,24 @@ def test_splits_are_stable_as_the_corpus_grows_and_no_session_straddles_them(
             rows = conn.execute("SELECT episode_id, session_id, split FROM episodes").fetchall()
         return {e: (s, split) for e, s, split in rows}
 
-    apply_all(settings, [uploaded(i) for i in range(0, 300)])
+    apply_all(settings, [uploaded(i) for i in range(0, 300)])  # sessions 0..59
     before = splits()
-    apply_all(settings, [uploaded(i) for i in range(300, 1000)])
+    split_before = {session: split for session, split in before.values()}
+    assert set(split_before.values()) == {"train", "eval"}, "the cut must have both sides"
+    # when the corpus grows: new sessions, and every session of the first cut gets two more
+    # episodes days later, from other devices, so both train and eval sessions grow across it
+    grown = [
+        uploaded(1000 + 2 * s + k, session=s, later=timedelta(days=3 + k))
+        for s in range(60)
+        for k in range(2)
+    ]
+    apply_all(settings, [uploaded(i) for i in range(300, 1000)] + grown)
     after = splits()
-    assert len(after) == 1000
+    assert len(after) == 1000 + len(grown)
     assert {e: after[e] for e in before} == before  # growth moved no episode
+    for i in range(1000, 1000 + len(grown)):
+        session, split = after[f"grow{i:05d}"]
+        assert split == split_before[session], f"{session} grew into {split} across the cut"
     by_session: dict[str, set[str]] = {}
     for session, split in after.values():
         by_session.setdefault(session, set()).add(split)

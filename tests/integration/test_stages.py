@@ -3,11 +3,15 @@ the stages keep consuming, and redelivering every event changes nothing."""
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
+import shutil
 import time
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -26,8 +30,9 @@ from schemas.events import (
 )
 from services.agent.runner import make_agent
 from services.common import kafka
-from services.common.objectstore import object_store
+from services.common.objectstore import ObjectStore, object_store
 from services.common.settings import Settings
+from services.shard.core import episode_marker_key
 from services.stack.fleet import Fleet
 from services.synth.writer import Defect
 from tests.fixtures.kafka_read import read_topic
@@ -123,6 +128,18 @@ def committed_everything(settings: Settings, group: str, topic: str) -> bool:
     return all(committed.get(p, -1) >= end for p, end in ends.items())
 
 
+def fingerprints(store: ObjectStore) -> dict[str, tuple[str, str]]:
+    """(etag, sha256 of the bytes read back through the S3 API) of every object the pipeline
+    writes (raw uploads, packet indexes, shards, shard indexes, episode markers): a same-named
+    object rewritten with other bytes changes both, where a comparison of names sees nothing."""
+    out: dict[str, tuple[str, str]] = {}
+    for key in [k for prefix in ("raw/", "index/", "shards/") for k in store.list_keys(prefix)]:
+        info = store.stat(key)
+        assert info is not None, key
+        out[key] = (info.etag, hashlib.sha256(store.get_bytes(key)).hexdigest())
+    return out
+
+
 def test_redelivering_every_event_writes_no_new_objects_and_no_duplicate_clips(
     stack: Settings, fleet: Fleet, episode_factory: EpisodeFactory, tmp_path: Path
 ) -> None:
@@ -139,7 +156,7 @@ def test_redelivering_every_event_writes_no_new_objects_and_no_duplicate_clips(
         ("egoline-shard", TOPIC_VALIDATED),
     ):
         wait_for(partial(committed_everything, stack, group, topic), 60, f"{group} idle")
-    objects_before = set(store.list_keys("shards/")) | set(store.list_keys("raw/"))
+    objects_before = fingerprints(store)
     with psycopg.connect(stack.database_libpq_url) as conn:
         clips_before = conn.execute("SELECT count(*) FROM clips").fetchone()
 
@@ -156,7 +173,10 @@ def test_redelivering_every_event_writes_no_new_objects_and_no_duplicate_clips(
     ):
         wait_for(partial(committed_everything, stack, group, topic), 120, f"{group} redo")
 
-    assert set(store.list_keys("shards/")) | set(store.list_keys("raw/")) == objects_before
+    objects_after = fingerprints(store)
+    assert set(objects_after) == set(objects_before), "redelivery added or removed objects"
+    rewritten = sorted(k for k in objects_before if objects_after[k] != objects_before[k])
+    assert not rewritten, f"redelivery rewrote objects with other bytes: {rewritten[:5]}"
     with psycopg.connect(stack.database_libpq_url) as conn:
         assert conn.execute("SELECT count(*) FROM clips").fetchone() == clips_before
     members: list[str] = []
@@ -179,27 +199,74 @@ def shard_event_id(value: bytes) -> str | None:
         return None
 
 
-def test_a_killed_worker_process_is_replaced_and_nothing_is_lost(
+def worker_mid_task(stage_pid: int, marker: str, timeout_s: float) -> tuple[list[Any], Path]:
+    """Poll the stage's worker processes until one holds open a file under a `marker` scratch
+    directory (its job's temporary directory exists only while a job runs): that worker is
+    provably mid-task. Returns every worker and the busy one's scratch directory."""
+    import psutil
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        workers = psutil.Process(stage_pid).children(recursive=True)
+        for worker in workers:
+            with contextlib.suppress(psutil.Error):
+                for f in worker.open_files():
+                    scratch = next((p for p in Path(f.path).parents if marker in p.name), None)
+                    if scratch is not None:
+                        return workers, scratch
+        time.sleep(0.005)
+    raise AssertionError(f"no worker of pid {stage_pid} was seen mid-task in {timeout_s}s")
+
+
+def clips_in_shards(store: ObjectStore, ids: list[str]) -> dict[tuple[str, int], list[str]]:
+    """(episode, clip index) -> the shards whose index (read from the object store) lists it."""
+    where: dict[tuple[str, int], list[str]] = {}
+    for key in store.list_keys("shards/"):
+        if key.endswith(".index.json"):
+            for clip in json.loads(store.get_bytes(key))["clips"]:
+                if clip["episode_id"] in ids:
+                    where.setdefault((clip["episode_id"], clip["clip_index"]), []).append(key)
+    return where
+
+
+def test_a_worker_killed_mid_task_is_replaced_and_no_clip_is_lost_or_duplicated(
     stack: Settings, fleet: Fleet, episode_factory: EpisodeFactory, tmp_path: Path
 ) -> None:
     import signal
 
-    import psutil
-
-    workers = psutil.Process(fleet.procs["validate-0"].pid).children(recursive=True)
-    assert workers, "the validate stage runs its work in worker processes"
+    seed = 9000 + int(time.time()) % 900
+    dirs = episode_factory(4, seed=seed, duration_s=(20.0, 30.0))
+    store = object_store(stack)
+    agent = make_agent(stack.model_copy(update={"agent_state_dir": tmp_path / "agent"}), store)
+    ids = [d.name for d in dirs]
+    agent.run_once(dirs, 30)
+    # when a validate worker is inside a job (its scratch directory holds an open file) ...
+    workers, scratch = worker_mid_task(fleet.procs["validate-0"].pid, "egoline-validate-", 60)
     for worker in workers:
         worker.send_signal(signal.SIGKILL)
-    seed = 9000 + int(time.time()) % 900
-    dirs = episode_factory(4, seed=seed)
-    agent = make_agent(
-        stack.model_copy(update={"agent_state_dir": tmp_path / "agent"}), object_store(stack)
-    )
-    agent.run_once(dirs, 30)
-    ids = [d.name for d in dirs]
+    # ... the kill landed mid-task: the job's `with TemporaryDirectory()` never got to clean up
+    assert scratch.exists(), f"{scratch} was cleaned up: the worker had finished its job"
+    shutil.rmtree(scratch)  # nothing else removes a killed worker's scratch directory
+    markers = [episode_marker_key(stack.pipeline_version, e) for e in ids]
     wait_for(
-        lambda: set(episode_states(stack, ids).values()) == {"sharded"},
+        lambda: all(store.exists(m) for m in markers),
         180,
-        "every episode sharded after the validate workers were killed",
+        "every episode's shard marker after a validate worker was killed mid-task",
     )
     assert fleet.procs["validate-0"].poll() is None, "the stage itself kept running"
+
+    # counted from the object store, not the warehouse: every shard index, each episode's marker
+    where = clips_in_shards(store, ids)
+    duplicated = {clip: keys for clip, keys in where.items() if len(keys) > 1}
+    assert not duplicated, f"clips stored in more than one shard: {duplicated}"
+    for episode_id in ids:
+        indexes = sorted(i for e, i in where if e == episode_id)
+        assert indexes and indexes == list(range(len(indexes))), (episode_id, indexes)
+        marker = json.loads(store.get_bytes(markers[ids.index(episode_id)]))
+        marked = {
+            (c.episode_id, c.clip_index)
+            for e in marker["events"]
+            for c in ShardsWritten.model_validate_json(e).clips
+            if c.episode_id == episode_id
+        }
+        assert marked == {(episode_id, i) for i in indexes}, episode_id
