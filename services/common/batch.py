@@ -40,6 +40,7 @@ from services.common.objectstore import ObjectStore, object_store
 from services.common.rawcache import RawCache, fetch_raw
 from services.common.retry import backoff_delay
 from services.common.scheduling import Ramp, lpt_assign, makespan_ratio
+from services.common.scratch import sweep_dead
 from services.common.settings import Settings
 from services.common.stage import (
     Failure,
@@ -63,6 +64,8 @@ def init_worker(settings: Settings) -> None:
     reused for every job."""
     global _WORKER_STORE, _WORKER_CACHE
     apply_memory_limit(settings.worker_memory_limit_mb)
+    sweep_dead()
+    sweep_dead(settings.spool_path)
     _WORKER_STORE = object_store(settings)
     if settings.raw_cache_dir is not None:
         _WORKER_CACHE = RawCache(settings.raw_cache_dir, settings.raw_cache_mb * 1024 * 1024)

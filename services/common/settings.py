@@ -7,6 +7,7 @@ egoline reads `os.environ`.
 
 from __future__ import annotations
 
+import tempfile
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
@@ -136,6 +137,11 @@ class Settings(BaseSettings):
     agent_poll_s: float = Field(default=2.0, gt=0)
     agent_retry_max_s: float = Field(default=300.0, gt=0, description="give up a pass after this")
     agent_message_timeout_s: float = Field(default=300.0, gt=0)
+
+    @property
+    def spool_path(self) -> Path:
+        """The shard stage's scratch: `EGOLINE_SPOOL_DIR`, or `egoline-spool` in the temp dir."""
+        return self.spool_dir or Path(tempfile.gettempdir()) / "egoline-spool"
 
     @property
     def database_sqlalchemy_url(self) -> str:

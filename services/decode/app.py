@@ -7,7 +7,6 @@ worker processes (`services.common.batch`).
 from __future__ import annotations
 
 import io
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -28,6 +27,7 @@ from schemas.events import (
 from services.common.batch import BatchStage, stage_app, worker_fetch_raw, worker_store
 from services.common.files import sha256_file
 from services.common.objectstore import ObjectStore
+from services.common.scratch import job_scratch
 from services.common.settings import Settings
 from services.common.stage import PermanentError, make_broker, parse_event
 from services.decode.core import (
@@ -96,7 +96,7 @@ def decode_episode(
     """Fetch the raw files, probe every camera by demuxing, read the IMU at its own rate, and
     build the decoded event (blocking I/O)."""
     episode = uploaded.episode
-    with tempfile.TemporaryDirectory(prefix="egoline-decode-") as tmp:
+    with job_scratch("decode") as tmp:
         probe, observed = _probe_file(store, episode.video.key, Path(tmp) / "video", fetch)
         cameras = []
         for name, camera in sorted(episode.cameras.items()):

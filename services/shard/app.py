@@ -17,7 +17,6 @@ import hashlib
 import itertools
 import json
 import shutil
-import tempfile
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -47,6 +46,7 @@ from schemas.events import (
 )
 from services.common.batch import BatchStage, stage_app, worker_fetch_raw, worker_store
 from services.common.objectstore import ObjectStore
+from services.common.scratch import owned_name
 from services.common.settings import Settings
 from services.common.stage import PermanentError, make_broker, parse_event
 from services.media.av_io import (
@@ -143,7 +143,9 @@ def cut_episode(
     marker = episode_marker_key(validated.pipeline_version, episode.episode_id)
     if store.exists(marker):
         return CutEpisode(episode, done_events=json.loads(store.get_bytes(marker))["events"])
-    spool = Path(job.spool_dir) / f"{episode.episode_id}-{uuid.uuid4().hex[:8]}"
+    # named by this worker's pid: if it is killed before `finish` packs and removes the spool,
+    # the next worker swept it (`batch.init_worker`)
+    spool = Path(job.spool_dir) / owned_name(f"{episode.episode_id}-{uuid.uuid4().hex[:8]}")
     spool.mkdir(parents=True)
     try:
         return CutEpisode(episode, clips=_cut_into(store, job, fetch, spool))
@@ -535,7 +537,7 @@ def split_covered(
 def build_stage(
     settings: Settings, broker: object, store: ObjectStore
 ) -> BatchStage[ShardJob, CutEpisode]:
-    spool = settings.spool_dir or Path(tempfile.gettempdir()) / "egoline-spool"
+    spool = settings.spool_path
     target_bytes = int(settings.shard_target_mb * 1024 * 1024)
 
     def prepare(_topic: str, value: bytes) -> ShardJob | None:

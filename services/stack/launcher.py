@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from services.common.scratch import pid_alive
 from services.common.settings import ENDPOINTS_FILE, Settings
 
 SERVICES = ("kafka", "postgres", "s3")
@@ -49,21 +50,6 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-def pid_alive(pid: int | None) -> bool:
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except OSError:
-        return False
-    # A zombie child still answers kill(0); check its state.
-    with contextlib.suppress(OSError):
-        status = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
-        if status == "Z":
-            return False
-    return True
 
 
 def postgres_bin_dir() -> Path:

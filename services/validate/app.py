@@ -5,7 +5,6 @@ Batches are bin-packed by episode duration (decode work scales with it) onto wor
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -22,6 +21,7 @@ from schemas.events import (
     derive_event_id,
 )
 from services.common.batch import BatchStage, stage_app, worker_fetch_raw
+from services.common.scratch import job_scratch
 from services.common.settings import Settings
 from services.common.stage import make_broker, parse_event
 from services.media.av_io import decode_keyframes
@@ -48,7 +48,7 @@ def check_keyframes(
         )
     ] + [(c.name, c.key, c.streams, c.salvage_limit_bytes) for c in decoded.cameras]
     out: dict[tuple[str, int], KeyframeResult] = {}
-    with tempfile.TemporaryDirectory(prefix="egoline-validate-") as tmp:
+    with job_scratch("validate") as tmp:
         for camera, key, streams, limit in files:
             video = Path(tmp) / f"video-{camera}"
             fetch(key, video)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import shutil
 import time
 from datetime import UTC, datetime
 from functools import partial
@@ -241,12 +240,11 @@ def test_a_worker_killed_mid_task_is_replaced_and_no_clip_is_lost_or_duplicated(
     ids = [d.name for d in dirs]
     agent.run_once(dirs, 30)
     # when a validate worker is inside a job (its scratch directory holds an open file) ...
-    workers, scratch = worker_mid_task(fleet.procs["validate-0"].pid, "egoline-validate-", 60)
+    workers, scratch = worker_mid_task(fleet.procs["validate-0"].pid, "-validate-", 60)
     for worker in workers:
         worker.send_signal(signal.SIGKILL)
     # ... the kill landed mid-task: the job's `with TemporaryDirectory()` never got to clean up
     assert scratch.exists(), f"{scratch} was cleaned up: the worker had finished its job"
-    shutil.rmtree(scratch)  # nothing else removes a killed worker's scratch directory
     markers = [episode_marker_key(stack.pipeline_version, e) for e in ids]
     wait_for(
         lambda: all(store.exists(m) for m in markers),
@@ -254,6 +252,8 @@ def test_a_worker_killed_mid_task_is_replaced_and_no_clip_is_lost_or_duplicated(
         "every episode's shard marker after a validate worker was killed mid-task",
     )
     assert fleet.procs["validate-0"].poll() is None, "the stage itself kept running"
+    # the replacement workers swept the killed one's scratch directory (named by its pid)
+    assert not scratch.exists(), f"{scratch} of a dead worker is still on disk"
 
     # counted from the object store, not the warehouse: every shard index, each episode's marker
     where = clips_in_shards(store, ids)
