@@ -19,9 +19,9 @@ from services.common.objectstore import object_store
 from services.common.settings import Settings
 from services.metadata.gc import read_index_clips, stored_shards
 from services.stack.fleet import Fleet
+from services.synth.realistic import write_realistic
 from tests.fixtures.http import http_get
 from tests.fixtures.kafka_read import read_topic
-from tests.fixtures.media import EpisodeFactory
 from tests.fixtures.polling import wait_for
 from tests.fixtures.stack import episode_states
 
@@ -85,7 +85,6 @@ def dead_lettered(settings: Settings, ids: set[str]) -> list[str]:
 def test_a_full_spool_is_retried_not_dead_lettered_and_nothing_is_lost(
     stack: Settings,
     fleet: Fleet,
-    episode_factory: EpisodeFactory,
     small_tmpfs: Path,
     tmp_path: Path,
 ) -> None:
@@ -106,8 +105,11 @@ def test_a_full_spool_is_retried_not_dead_lettered_and_nothing_is_lost(
         own.wait_ready()
         port = own.metrics_ports["shard-0"]
         filler = fill(small_tmpfs)
+        # made as devices make them: x265 defaults (open GOP), RGB + gray16 depth in one MKV,
+        # AV1 with IMU at 1 kHz
         seed = 5100 + int(time.time()) % 800
-        dirs = episode_factory(3, seed=seed, duration_s=(6.0, 8.0))
+        names = ["h265_default_open_gop_mp4", "rgbd_ffv1_depth_mkv", "av1_default_mp4"]
+        dirs = write_realistic(tmp_path / "episodes", names, seed=seed)
         ids = [d.name for d in dirs]
         store = object_store(stack)
         agent = make_agent(stack.model_copy(update={"agent_state_dir": tmp_path / "agent"}), store)
