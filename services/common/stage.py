@@ -1,5 +1,6 @@
-"""The pieces of the consume protocol every stage shares (the batch loop is `batch.py`):
-error kinds, event parsing, the DLQ envelope, the broker factory and subscriber options.
+"""The pieces of the consume protocol every stage shares (the protocol is `consume.py`):
+error kinds and the failure policy, event parsing, the DLQ envelope, the broker factory and
+subscriber options.
 
 At-least-once, idempotent, dead-letter with a reason: a stage publishes its output (awaiting
 the broker's acknowledgement) and only then commits the offset. A `PermanentError` (bad input)
@@ -20,6 +21,7 @@ import json
 import logging
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from enum import StrEnum
 from typing import Any, TypeVar
 
 from confluent_kafka import KafkaException
@@ -92,37 +94,57 @@ class JobTimeLimit(Exception):
     """A job ran past `job_time_limit_s` (raised inside the worker by its alarm)."""
 
 
+class Outcome(StrEnum):
+    """What the consume protocol does with a failed record (docs/architecture.md)."""
+
+    RETRY = "retry"  # rewind the batch to it and retry with backoff; nothing is skipped
+    DEAD_LETTER = "dead_letter"  # `<topic>.dlq` with a reason code, then move on
+
+
 @dataclass(frozen=True)
 class Failure:
     """A failed job or record as data (exceptions with extra fields don't cross processes
-    well): retried (`transient`) or dead-lettered with `code`. `disk_errno` names a
-    local-disk failure, which also makes the stage report not ready until a batch succeeds."""
+    well): its `outcome`, the reason `code` and a message. `disk_errno` names a local-disk
+    failure, which also makes the stage report not ready until a batch succeeds."""
 
-    transient: bool
+    outcome: Outcome
     code: ReasonCode
     message: str
     disk_errno: str | None = None
 
+    @property
+    def transient(self) -> bool:
+        return self.outcome is Outcome.RETRY
 
-def classify(exc: BaseException) -> Failure:
-    """The one failure policy: what every stage, the metadata service and the agent do with an
-    exception. Bad input (`PermanentError`) and a job over its memory or time limit are dead
-    letters with a reason; a dependency or the local disk failing is a retry; anything else
-    is an unexpected bug about this record, dead-lettered as `internal_error` with its type."""
+
+def classify(exc: BaseException, *, about_record: bool = True) -> Failure:
+    """The one failure policy: what every phase of every stage, the metadata service, the
+    agent and the object store do with an exception.
+
+    Bad input (`PermanentError`) and a job over its memory or time limit are dead letters
+    with their reason; a dependency or the local disk failing is a retry. Anything else is a
+    bug: when it was raised about one record (`about_record`: parsing it, running its job,
+    applying it) that record is dead-lettered as `internal_error` with the exception's type,
+    so it cannot stall its partition; raised by the consumer itself, about no record in
+    particular, it is a retry (rewinding costs nothing, a dead-lettered batch of good
+    episodes would be our fault passed on to them)."""
     message = f"{type(exc).__name__}: {exc}"[:2000]
     if isinstance(exc, PermanentError):
-        return Failure(False, exc.code, exc.message)
+        return Failure(Outcome.DEAD_LETTER, exc.code, exc.message)
     if isinstance(exc, JobTimeLimit):
-        return Failure(False, ReasonCode.RESOURCE_LIMIT, f"{exc} (EGOLINE_JOB_TIME_LIMIT_S)")
+        return Failure(
+            Outcome.DEAD_LETTER, ReasonCode.RESOURCE_LIMIT, f"{exc} (EGOLINE_JOB_TIME_LIMIT_S)"
+        )
     if isinstance(exc, MemoryError):
         return Failure(
-            False,
+            Outcome.DEAD_LETTER,
             ReasonCode.RESOURCE_LIMIT,
             f"out of memory under the worker's limit (EGOLINE_WORKER_MEMORY_LIMIT_MB): {message}",
         )
     if is_transient(exc):
-        return Failure(True, ReasonCode.INTERNAL_ERROR, message, local_disk_errno(exc))
-    return Failure(False, ReasonCode.INTERNAL_ERROR, message)
+        return Failure(Outcome.RETRY, ReasonCode.INTERNAL_ERROR, message, local_disk_errno(exc))
+    outcome = Outcome.DEAD_LETTER if about_record else Outcome.RETRY
+    return Failure(outcome, ReasonCode.INTERNAL_ERROR, message)
 
 
 def parse_event(body: bytes, model: type[M]) -> M:
@@ -194,17 +216,6 @@ def subscriber_options(settings: Settings, group_id: str, batch: bool = False) -
         "heartbeat_interval_ms": settings.kafka_heartbeat_interval_ms,
         "partition_assignment_strategy": (settings.kafka_assignment_strategy,),
     }
-
-
-async def publish_event(broker: KafkaBroker, topic: str, event: BaseModel, key: str) -> None:
-    """Publish and wait for the broker's acknowledgement (the effect is durable after this)."""
-    event_id = str(getattr(event, "event_id", ""))
-    await broker.publish(
-        event.model_dump_json().encode(),
-        topic=topic,
-        key=key.encode(),
-        headers={"event_id": event_id, "content-type": "application/json"},
-    )
 
 
 def dlq_record(

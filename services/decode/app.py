@@ -7,14 +7,13 @@ worker processes (`services.common.batch`).
 from __future__ import annotations
 
 import io
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
 from faststream import FastStream
-from pydantic import BaseModel
 
 from schemas.events import (
     TOPIC_DECODED,
@@ -24,7 +23,8 @@ from schemas.events import (
     EpisodeUploaded,
     ReasonCode,
 )
-from services.common.batch import BatchStage, stage_app, worker_fetch_raw, worker_store
+from services.common.batch import Stage, stage_app, worker_fetch_raw, worker_store
+from services.common.consume import Finished, Output
 from services.common.files import sha256_file
 from services.common.objectstore import ObjectStore
 from services.common.scratch import job_scratch
@@ -130,20 +130,18 @@ def run_decode(job: DecodeJob) -> EpisodeDecoded:
     return decode_episode(worker_store(), job.uploaded, job.pipeline_version, worker_fetch_raw)
 
 
-def build_stage(settings: Settings, broker: object) -> BatchStage[DecodeJob, EpisodeDecoded]:
+def build_stage(settings: Settings) -> Stage[DecodeJob, EpisodeDecoded]:
     def prepare(_topic: str, value: bytes) -> DecodeJob:
         return DecodeJob(parse_event(value, EpisodeUploaded), settings.pipeline_version)
 
-    def finish(
-        _jobs: dict[int, DecodeJob], results: dict[int, EpisodeDecoded]
-    ) -> Sequence[tuple[str, BaseModel, str]]:
-        return [(TOPIC_DECODED, r, r.episode.episode_id) for r in results.values()]
+    def finish(_jobs: dict[int, DecodeJob], results: dict[int, EpisodeDecoded]) -> Finished:
+        return Finished([Output(TOPIC_DECODED, r, r.episode.episode_id) for r in results.values()])
 
-    return BatchStage(
-        broker,  # type: ignore[arg-type]
-        "decode",
-        settings,
-        settings.stage_workers,
+    return Stage(
+        name="decode",
+        in_topic=TOPIC_UPLOADED,
+        out_topic=TOPIC_DECODED,
+        out_schema=EpisodeDecoded,
         prepare=prepare,
         cost=lambda job: float(
             job.uploaded.episode.video.size_bytes
@@ -156,5 +154,4 @@ def build_stage(settings: Settings, broker: object) -> BatchStage[DecodeJob, Epi
 
 def build_app(settings: Settings) -> FastStream:
     broker = make_broker(settings, "decode")
-    stage = build_stage(settings, broker)
-    return stage_app(settings, broker, stage, TOPIC_UPLOADED, TOPIC_DECODED, EpisodeDecoded)
+    return stage_app(settings, broker, build_stage(settings))

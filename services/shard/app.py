@@ -27,7 +27,6 @@ from typing import cast
 import numpy as np
 from faststream import FastStream
 from numpy.typing import NDArray
-from pydantic import BaseModel
 
 from schemas.events import (
     TOPIC_SHARDS,
@@ -44,7 +43,8 @@ from schemas.events import (
     Verdict,
     derive_event_id,
 )
-from services.common.batch import BatchStage, stage_app, worker_fetch_raw, worker_store
+from services.common.batch import Stage, stage_app, worker_fetch_raw, worker_store
+from services.common.consume import Finished, Output
 from services.common.objectstore import ObjectStore
 from services.common.scratch import owned_name
 from services.common.settings import Settings
@@ -534,9 +534,7 @@ def split_covered(
     return todo, covered
 
 
-def build_stage(
-    settings: Settings, broker: object, store: ObjectStore
-) -> BatchStage[ShardJob, CutEpisode]:
+def build_stage(settings: Settings, store: ObjectStore) -> Stage[ShardJob, CutEpisode]:
     spool = settings.spool_path
     target_bytes = int(settings.shard_target_mb * 1024 * 1024)
 
@@ -546,9 +544,7 @@ def build_stage(
             return None  # rejected episodes stop here; the verdict itself is the record
         return ShardJob(validated, settings.clip_target_s, str(spool), settings.keep_audio)
 
-    def finish(
-        _jobs: dict[int, ShardJob], results: dict[int, CutEpisode]
-    ) -> Sequence[tuple[str, BaseModel, str]]:
+    def finish(_jobs: dict[int, ShardJob], results: dict[int, CutEpisode]) -> Finished:
         cuts = list(results.values())
         replayed = [ShardsWritten.model_validate_json(e) for c in cuts for e in c.done_events]
         spool.mkdir(parents=True, exist_ok=True)
@@ -564,13 +560,13 @@ def build_stage(
                 for clip in cut.clips:
                     shutil.rmtree(Path(clip.members[0][1]).parent, ignore_errors=True)
         unique = {e.event_id: e for e in [*fresh, *replayed]}
-        return [(TOPIC_SHARDS, e, e.shard_sha256) for e in unique.values()]
+        return Finished([Output(TOPIC_SHARDS, e, e.shard_sha256) for e in unique.values()])
 
-    return BatchStage(
-        broker,  # type: ignore[arg-type]
-        "shard",
-        settings,
-        settings.stage_workers,
+    return Stage(
+        name="shard",
+        in_topic=TOPIC_VALIDATED,
+        out_topic=TOPIC_SHARDS,
+        out_schema=ShardsWritten,
         prepare=prepare,
         cost=lambda job: float(job.validated.decoded.episode.video.size_bytes),
         run=run_cut,
@@ -582,5 +578,4 @@ def build_app(settings: Settings) -> FastStream:
     from services.common.objectstore import object_store
 
     broker = make_broker(settings, "shard")
-    stage = build_stage(settings, broker, object_store(settings))
-    return stage_app(settings, broker, stage, TOPIC_VALIDATED, TOPIC_SHARDS, ShardsWritten)
+    return stage_app(settings, broker, build_stage(settings, object_store(settings)))

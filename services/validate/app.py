@@ -5,13 +5,12 @@ Batches are bin-packed by episode duration (decode work scales with it) onto wor
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
 from faststream import FastStream
-from pydantic import BaseModel
 
 from schemas.events import (
     TOPIC_DECODED,
@@ -20,7 +19,8 @@ from schemas.events import (
     EpisodeValidated,
     derive_event_id,
 )
-from services.common.batch import BatchStage, stage_app, worker_fetch_raw
+from services.common.batch import Stage, stage_app, worker_fetch_raw
+from services.common.consume import Finished, Output
 from services.common.scratch import job_scratch
 from services.common.settings import Settings
 from services.common.stage import make_broker, parse_event
@@ -89,19 +89,17 @@ def run_validate(job: ValidateJob) -> EpisodeValidated:
     return validate_episode(worker_fetch_raw, job.decoded, job.rules)
 
 
-def build_stage(
-    settings: Settings, broker: object, rules: RuleSet
-) -> BatchStage[ValidateJob, EpisodeValidated]:
-    def finish(
-        _jobs: dict[int, ValidateJob], results: dict[int, EpisodeValidated]
-    ) -> Sequence[tuple[str, BaseModel, str]]:
-        return [(TOPIC_VALIDATED, r, r.decoded.episode.episode_id) for r in results.values()]
+def build_stage(rules: RuleSet) -> Stage[ValidateJob, EpisodeValidated]:
+    def finish(_jobs: dict[int, ValidateJob], results: dict[int, EpisodeValidated]) -> Finished:
+        return Finished(
+            [Output(TOPIC_VALIDATED, r, r.decoded.episode.episode_id) for r in results.values()]
+        )
 
-    return BatchStage(
-        broker,  # type: ignore[arg-type]
-        "validate",
-        settings,
-        settings.stage_workers,
+    return Stage(
+        name="validate",
+        in_topic=TOPIC_DECODED,
+        out_topic=TOPIC_VALIDATED,
+        out_schema=EpisodeValidated,
         prepare=lambda _topic, value: ValidateJob(parse_event(value, EpisodeDecoded), rules),
         cost=lambda job: job.decoded.duration_s,
         run=run_validate,
@@ -111,5 +109,5 @@ def build_stage(
 
 def build_app(settings: Settings, rules: RuleSet | None = None) -> FastStream:
     broker = make_broker(settings, "validate")
-    stage = build_stage(settings, broker, rules or RuleSet(keep_audio=settings.keep_audio))
-    return stage_app(settings, broker, stage, TOPIC_DECODED, TOPIC_VALIDATED, EpisodeValidated)
+    stage = build_stage(rules or RuleSet(keep_audio=settings.keep_audio))
+    return stage_app(settings, broker, stage)

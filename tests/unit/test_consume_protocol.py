@@ -1,0 +1,334 @@
+"""The consume protocol (`services/common/consume.py`) in memory, with faststream's
+`TestKafkaBroker`: the same subscriber the services run, fed by an in-memory broker; the
+real-stack tests (test_stages, test_poison, test_chaos) run the same code on Tansu.
+
+Each test records what reached the broker, in order: every published event (a subscriber on
+each output and DLQ topic) and every commit and seek of the consumer, and asserts on that and
+on the publishers' `mock`s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+from unittest.mock import patch
+
+import pytest
+from faststream.confluent import KafkaBroker, TestKafkaBroker
+from faststream.confluent.annotations import KafkaMessage
+from faststream.confluent.message import FakeConsumer
+from pydantic import BaseModel
+
+from schemas.events import DlqRecord, ReasonCode
+from services.common.batch import run_jobs
+from services.common.consume import (
+    BatchConsumer,
+    Finished,
+    NoWork,
+    Output,
+    Publishers,
+    Record,
+    decode_records,
+    rewind_positions,
+    subscribe,
+)
+from services.common.settings import Settings
+from services.common.stage import PermanentError, TransientError, classify, keep_raw
+
+IN, OUT, DLQ = "in.topic", "out.topic", "in.topic.dlq"
+
+
+class Done(BaseModel):
+    event_id: str
+    value: int
+
+
+@dataclass
+class Journal:
+    """What the broker saw, in order: ("publish", topic, body) / ("commit",) / ("seek", ...)."""
+
+    entries: list[tuple[Any, ...]] = field(default_factory=list)
+
+    def kinds(self) -> list[str]:
+        return [e[0] if e[0] != "publish" else f"publish:{e[1]}" for e in self.entries]
+
+    def published(self, topic: str) -> list[dict[str, Any]]:
+        return [json.loads(e[2]) for e in self.entries if e[0] == "publish" and e[1] == topic]
+
+
+class InProcessRunner:
+    """The `run` step in this process, through the production `run_jobs` (the same per-job
+    time limit and classification as a worker process)."""
+
+    def __init__(self, run: Callable[[Any], Any]) -> None:
+        self._run = run
+
+    def start(self) -> None:
+        return None
+
+    def stop(self) -> None:
+        return None
+
+    async def run(self, jobs: dict[int, Any]) -> dict[int, Any]:
+        results, _, _ = run_jobs(self._run, list(jobs.values()))
+        return dict(zip(jobs, results, strict=True))
+
+
+def parse(_topic: str, value: bytes) -> int:
+    """prepare: a record is a JSON integer; anything else is bad input."""
+    try:
+        number = json.loads(value)
+    except ValueError as exc:
+        raise PermanentError(ReasonCode.MALFORMED_EVENT, f"not JSON: {exc}") from exc
+    if not isinstance(number, int):
+        raise PermanentError(ReasonCode.MALFORMED_EVENT, "not an integer")
+    return number
+
+
+def work(number: int) -> int:
+    """run: fails the ways a media job can."""
+    if number == 13:
+        raise PermanentError(ReasonCode.NOT_A_VIDEO, "thirteen is not a video")
+    if number == 99:
+        raise TransientError("object store unreachable")
+    return number * 10
+
+
+def outputs(_jobs: dict[int, int], results: dict[int, int]) -> Finished:
+    return Finished(
+        [Output(OUT, Done(event_id=f"e{v}", value=v), str(v)) for v in results.values()]
+    )
+
+
+@pytest.fixture
+def journal() -> Iterator[Journal]:
+    log = Journal()
+
+    async def commit(_self: FakeConsumer) -> None:
+        log.entries.append(("commit",))
+
+    async def seek(_self: FakeConsumer, topic: str, partition: int, offset: int) -> None:
+        log.entries.append(("seek", topic, partition, offset))
+
+    with patch.object(FakeConsumer, "commit", commit), patch.object(FakeConsumer, "seek", seek):
+        yield log
+
+
+@dataclass
+class Harness:
+    broker: KafkaBroker
+    consumer: BatchConsumer[Any, Any]
+    journal: Journal
+
+    async def deliver(self, *values: bytes, topic: str = IN) -> None:
+        """One batch, as the consumer would poll it."""
+        await self.broker.publish_batch(*values, topic=topic)
+
+
+@pytest.fixture
+def make_harness(journal: Journal) -> Callable[..., Any]:
+    def build(
+        prepare: Callable[[str, bytes], Any] = parse,
+        run: Callable[[Any], Any] | None = work,
+        finish: Callable[[dict[int, Any], dict[int, Any]], Finished] = outputs,
+        topics: tuple[str, ...] = (IN,),
+        dlq_for: Callable[[str], str] = lambda t: f"{t}.dlq",
+    ) -> Any:
+        broker = KafkaBroker("localhost:9092")
+        dlqs = {dlq_for(t): DlqRecord for t in topics}
+        consumer: BatchConsumer[Any, Any] = BatchConsumer(
+            stage="test",
+            prepare=prepare,
+            runner=InProcessRunner(run) if run is not None else NoWork(),
+            finish=finish,
+            publishers=Publishers(broker, {OUT: Done, **dlqs}),
+            dlq_for=dlq_for,
+            backoff_base_s=0.0,
+        )
+        subscribe(Settings(_env_file=None), broker, consumer, topics)
+        for topic in (OUT, *dlqs):
+
+            @broker.subscriber(topic, group_id=f"watch-{topic}", decoder=keep_raw)
+            async def watch(msg: KafkaMessage) -> None:
+                (record,) = decode_records(msg)
+                journal.entries.append(("publish", record.topic, record.value))
+
+        return Harness(broker, consumer, journal)
+
+    return build
+
+
+@pytest.fixture
+async def harness(make_harness: Callable[..., Harness]) -> AsyncIterator[Harness]:
+    h = make_harness()
+    async with TestKafkaBroker(h.broker):
+        yield h
+
+
+async def test_outputs_are_published_before_the_commit(harness: Harness) -> None:
+    await harness.deliver(b"1", b"2", b"3")
+    assert harness.journal.kinds() == [*["publish:out.topic"] * 3, "commit"]
+    assert [e["value"] for e in harness.journal.published(OUT)] == [10, 20, 30]
+    publisher = harness.consumer.publishers[OUT]
+    assert publisher.mock.call_count == 3
+    assert json.loads(publisher.mock.call_args.args[0]) == {"event_id": "e30", "value": 30}
+
+
+async def test_bad_record_in_prepare_is_dead_lettered_and_the_rest_goes_on(
+    harness: Harness,
+) -> None:
+    await harness.deliver(b"1", b"{not json", b"2")
+    assert harness.journal.kinds() == [
+        "publish:out.topic",
+        "publish:out.topic",
+        "publish:in.topic.dlq",
+        "commit",
+    ]
+    (dead,) = harness.journal.published(DLQ)
+    assert (dead["reason_code"], dead["original_value"]) == ("malformed_event", "{not json")
+    assert (dead["stage"], dead["source_topic"]) == ("test", IN)
+    harness.consumer.publishers[DLQ].mock.assert_called_once()
+
+
+async def test_bad_input_in_the_run_step_costs_only_its_record(harness: Harness) -> None:
+    await harness.deliver(b"13", b"4")
+    assert harness.journal.kinds() == ["publish:out.topic", "publish:in.topic.dlq", "commit"]
+    (dead,) = harness.journal.published(DLQ)
+    assert dead["reason_code"] == "not_a_video" and "thirteen" in dead["reason"]
+
+
+async def test_unexpected_error_about_one_record_is_dead_lettered_as_internal_error(
+    make_harness: Callable[..., Harness],
+) -> None:
+    def buggy(_topic: str, value: bytes) -> int:
+        if value == b"7":
+            raise KeyError("a bug in parsing")
+        return int(value)
+
+    h = make_harness(prepare=buggy)
+    async with TestKafkaBroker(h.broker):
+        await h.deliver(b"7", b"8")
+    assert h.journal.kinds() == ["publish:out.topic", "publish:in.topic.dlq", "commit"]
+    (dead,) = h.journal.published(DLQ)
+    assert dead["reason_code"] == "internal_error" and "KeyError" in dead["reason"]
+
+
+async def test_transient_failure_in_run_rewinds_without_publishing_or_committing(
+    harness: Harness,
+) -> None:
+    await harness.deliver(b"1", b"99", b"2")
+    assert harness.journal.kinds() == ["seek"]
+    assert harness.journal.entries[0] == ("seek", IN, 0, 0)
+    assert harness.consumer.publishers[OUT].mock.call_count == 0
+    assert harness.consumer.publishers[DLQ].mock.call_count == 0
+
+
+async def test_transient_failure_in_prepare_rewinds(make_harness: Callable[..., Harness]) -> None:
+    def unreachable(_topic: str, _value: bytes) -> int:
+        raise ConnectionError("schema registry unreachable")
+
+    h = make_harness(prepare=unreachable)
+    async with TestKafkaBroker(h.broker):
+        await h.deliver(b"1")
+    assert h.journal.kinds() == ["seek"]
+
+
+async def test_a_rewound_batch_redelivered_is_published_once_then_committed(
+    make_harness: Callable[..., Harness],
+) -> None:
+    attempts: list[int] = []
+
+    def flaky(number: int) -> int:
+        attempts.append(number)
+        if len(attempts) == 1:
+            raise TimeoutError("read timed out")
+        return number
+
+    h = make_harness(run=flaky)
+    async with TestKafkaBroker(h.broker):
+        await h.deliver(b"5")
+        await h.deliver(b"5")  # the consumer, sought back, polls the same record again
+    assert h.journal.kinds() == ["seek", "publish:out.topic", "commit"]
+    assert h.consumer._retries == 0  # the backoff restarts after a committed batch
+
+
+async def test_transient_failure_in_finish_rewinds(make_harness: Callable[..., Harness]) -> None:
+    def warehouse_down(_jobs: dict[int, int], _results: dict[int, int]) -> Finished:
+        raise TransientError("warehouse unavailable")
+
+    h = make_harness(finish=warehouse_down)
+    async with TestKafkaBroker(h.broker):
+        await h.deliver(b"1", b"2")
+    assert h.journal.kinds() == ["seek"]
+
+
+async def test_permanent_failure_in_finish_dead_letters_the_records_that_reached_it(
+    make_harness: Callable[..., Harness],
+) -> None:
+    def refuse(_jobs: dict[int, int], _results: dict[int, int]) -> Finished:
+        raise PermanentError(ReasonCode.SHARD_WRITE_FAILED, "the shard cannot be written")
+
+    h = make_harness(finish=refuse)
+    async with TestKafkaBroker(h.broker):
+        await h.deliver(b"1", b"13", b"2")
+    # 13 failed in run (its own reason); 1 and 2 reached finish and carry its reason.
+    assert h.journal.kinds() == [*["publish:in.topic.dlq"] * 3, "commit"]
+    reasons = [d["reason_code"] for d in h.journal.published(DLQ)]
+    assert reasons == ["shard_write_failed", "not_a_video", "shard_write_failed"]
+
+
+async def test_a_bug_in_finish_rewinds_instead_of_dead_lettering_good_records(
+    make_harness: Callable[..., Harness],
+) -> None:
+    def bug(_jobs: dict[int, int], _results: dict[int, int]) -> Finished:
+        raise ZeroDivisionError("a bug in the batch-level effect")
+
+    h = make_harness(finish=bug)
+    async with TestKafkaBroker(h.broker):
+        await h.deliver(b"1")
+    assert h.journal.kinds() == ["seek"]
+
+
+async def test_per_record_failures_from_finish_go_to_the_dlq_topic_of_their_record(
+    make_harness: Callable[..., Harness],
+) -> None:
+    """The metadata shape: no work step, `finish` refuses one record, DLQs chosen per topic."""
+
+    def apply(jobs: dict[int, int], _results: dict[int, int]) -> Finished:
+        refused = classify(PermanentError(ReasonCode.INTERNAL_ERROR, "violates a constraint"))
+        return Finished(failures={i: refused for i, v in jobs.items() if v == 3})
+
+    h = make_harness(run=None, finish=apply, topics=(IN, "other"), dlq_for=lambda t: f"{t}.dlq")
+    async with TestKafkaBroker(h.broker):
+        await h.deliver(b"2", b"3", topic="other")
+    assert h.journal.kinds() == ["publish:other.dlq", "commit"]
+    (dead,) = h.journal.published("other.dlq")
+    assert (dead["source_topic"], dead["original_value"]) == ("other", "3")
+
+
+async def test_a_failed_publish_rewinds_and_does_not_commit(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def broker_gone(*_outputs: Output) -> None:
+        raise TransientError("broker unreachable")
+
+    monkeypatch.setattr(harness.consumer.publishers, "publish", broker_gone)
+    await harness.deliver(b"1")
+    assert harness.journal.kinds() == ["seek"]
+
+
+def test_rewind_positions_are_each_partitions_first_record() -> None:
+    records = [
+        Record("a", 0, 7, None, b""),
+        Record("a", 1, 3, None, b""),
+        Record("a", 0, 5, None, b""),
+        Record("b", 0, 9, None, b""),
+    ]
+    assert rewind_positions(records) == {("a", 0): 5, ("a", 1): 3, ("b", 0): 9}
+
+
+def test_no_work_runner_passes_jobs_through() -> None:
+    assert asyncio.run(NoWork[int]().run({0: 1, 2: 3})) == {0: 1, 2: 3}
