@@ -22,7 +22,7 @@ from faststream.confluent.annotations import KafkaMessage
 from faststream.confluent.message import FakeConsumer
 from pydantic import BaseModel
 
-from schemas.events import DlqRecord, ReasonCode
+from schemas.events import DLQ_TOPICS, STAGE_TOPICS, TOPIC_METADATA_DLQ, DlqRecord, ReasonCode
 from services.common.batch import run_jobs
 from services.common.consume import (
     BatchConsumer,
@@ -332,3 +332,77 @@ def test_rewind_positions_are_each_partitions_first_record() -> None:
 
 def test_no_work_runner_passes_jobs_through() -> None:
     assert asyncio.run(NoWork[int]().run({0: 1, 2: 3})) == {0: 1, 2: 3}
+
+
+@pytest.fixture
+def metadata_harness(journal: Journal) -> Harness:
+    """The metadata service's own consumer (`metadata.app.build_consumer`) on the in-memory
+    broker, against a warehouse URL where nothing listens (port 9 is discard)."""
+    from sqlalchemy import create_engine
+
+    from services.metadata.app import build_consumer
+
+    broker = KafkaBroker("localhost:9092")
+    settings = Settings(_env_file=None)
+    engine = create_engine("postgresql+psycopg://egoline@127.0.0.1:9/none")
+    consumer = build_consumer(settings, broker, engine)
+    consumer.backoff_base_s = 0.0
+    subscribe(settings, broker, consumer, (*STAGE_TOPICS, *DLQ_TOPICS))
+    for topic in sorted({"episodes.uploaded.dlq", TOPIC_METADATA_DLQ}):
+
+        @broker.subscriber(topic, group_id=f"watch-{topic}", decoder=keep_raw)
+        async def watch(msg: KafkaMessage) -> None:
+            (record,) = decode_records(msg)
+            journal.entries.append(("publish", record.topic, record.value))
+
+    return Harness(broker, consumer, journal)
+
+
+async def test_metadata_dead_letters_unreadable_records_by_their_topic(
+    metadata_harness: Harness,
+) -> None:
+    async with TestKafkaBroker(metadata_harness.broker):
+        await metadata_harness.deliver(b'{"event_id": 1}', topic="episodes.uploaded")
+        await metadata_harness.deliver(b"[[[", topic="episodes.uploaded.dlq")
+    # The metadata service also consumes the DLQs: the in-memory broker hands it its own dead
+    # letter at once, which (valid, but the warehouse is down) is rewound in between.
+    assert metadata_harness.journal.kinds() == [
+        "publish:episodes.uploaded.dlq",
+        "seek",
+        "commit",
+        "publish:metadata.dlq",
+        "commit",
+    ]
+    for dead in metadata_harness.journal.published("episodes.uploaded.dlq"):
+        assert (dead["stage"], dead["reason_code"]) == ("metadata", "malformed_event")
+
+
+async def test_metadata_rewinds_while_the_warehouse_is_unreachable(
+    metadata_harness: Harness, episode_uploaded_json: bytes
+) -> None:
+    async with TestKafkaBroker(metadata_harness.broker):
+        await metadata_harness.deliver(episode_uploaded_json, topic="episodes.uploaded")
+    assert metadata_harness.journal.kinds() == ["seek"]
+
+
+@pytest.fixture
+def episode_uploaded_json() -> bytes:
+    from datetime import UTC, datetime
+
+    from schemas.events import EpisodeRef, EpisodeUploaded, SourceFile
+
+    return (
+        EpisodeUploaded(
+            event_id="1" * 32,
+            produced_at=datetime(2026, 1, 1, tzinfo=UTC),
+            episode=EpisodeRef(
+                episode_id="ep1",
+                device_id="dev1",
+                session_id="s1",
+                started_at=datetime(2026, 1, 1, tzinfo=UTC),
+                video=SourceFile(key="raw/dev1/v.mp4", sha256="a" * 64, size_bytes=1),
+            ),
+        )
+        .model_dump_json()
+        .encode()
+    )
