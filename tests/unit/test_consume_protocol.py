@@ -363,7 +363,7 @@ async def test_metadata_dead_letters_unreadable_records_by_their_topic(
 ) -> None:
     async with TestKafkaBroker(metadata_harness.broker):
         await metadata_harness.deliver(b'{"event_id": 1}', topic="episodes.uploaded")
-        await metadata_harness.deliver(b"[[[", topic="episodes.uploaded.dlq")
+        await metadata_harness.deliver(b"[[[", topic="episodes.decoded.dlq")
     # The metadata service also consumes the DLQs: the in-memory broker hands it its own dead
     # letter at once, which (valid, but the warehouse is down) is rewound in between.
     assert metadata_harness.journal.kinds() == [
