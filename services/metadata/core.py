@@ -2,7 +2,7 @@
 
 Every statement is an upsert keyed by a natural key (episode id, object key, clip key +
 pipeline version...), so replaying any event, in any order, converges to the same warehouse.
-Episode status only moves forward (see `STATUS_RANK`).
+Episode status only moves forward (see `EpisodeStatus.rank`).
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import hashlib
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 from pydantic import ValidationError
@@ -57,15 +58,38 @@ from services.metadata.warehouse import (
     verdicts,
 )
 
-STATUS_RANK = {
-    "uploaded": 1,
-    "decoded": 2,
-    "validated": 3,
-    "sharded": 4,
-    "rejected": 5,
-    "dead_lettered": 5,
+
+class EpisodeStatus(StrEnum):
+    """Where an episode is in the pipeline, as the warehouse records it (`episodes.status`).
+    A status only moves forward (`rank`): a late or replayed event never moves it back."""
+
+    UPLOADED = "uploaded"
+    DECODED = "decoded"
+    VALIDATED = "validated"
+    SHARDED = "sharded"
+    REJECTED = "rejected"
+    DEAD_LETTERED = "dead_lettered"
+
+    @property
+    def rank(self) -> int:
+        """uploaded 1 < decoded 2 < validated 3 < sharded 4; the terminal rejections rank 5,
+        so nothing resurrects them."""
+        return _STATUS_RANK[self]
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL
+
+
+_STATUS_RANK = {
+    EpisodeStatus.UPLOADED: 1,
+    EpisodeStatus.DECODED: 2,
+    EpisodeStatus.VALIDATED: 3,
+    EpisodeStatus.SHARDED: 4,
+    EpisodeStatus.REJECTED: 5,
+    EpisodeStatus.DEAD_LETTERED: 5,
 }
-TERMINAL = ("sharded", "rejected", "dead_lettered")
+TERMINAL = frozenset({EpisodeStatus.SHARDED, EpisodeStatus.REJECTED, EpisodeStatus.DEAD_LETTERED})
 
 
 def assign_split(group_key: str, eval_fraction: float) -> str:
@@ -79,7 +103,7 @@ def assign_split(group_key: str, eval_fraction: float) -> str:
 
 
 def upsert_episode(
-    ref: EpisodeRef, status: str, split_key: str, eval_fraction: float
+    ref: EpisodeRef, status: EpisodeStatus, split_key: str, eval_fraction: float
 ) -> list[Executable]:
     group = ref.session_id if split_key == "session" else ref.device_id
     stmt = insert(episodes).values(
@@ -89,8 +113,8 @@ def upsert_episode(
         started_at=ref.started_at,
         split=assign_split(group, eval_fraction),
         tags=sorted(set(ref.tags)),
-        status=status,
-        status_rank=STATUS_RANK[status],
+        status=status.value,
+        status_rank=status.rank,
     )
     advance = stmt.excluded.status_rank > episodes.c.status_rank
     stmt = stmt.on_conflict_do_update(
@@ -139,7 +163,7 @@ def statements_for(topic: str, body: bytes, split_key: str, eval_fraction: float
         return Upserts(
             [
                 _seen(up.pipeline_version),
-                *upsert_episode(up.episode, "uploaded", split_key, eval_fraction),
+                *upsert_episode(up.episode, EpisodeStatus.UPLOADED, split_key, eval_fraction),
             ],
             frozenset({up.episode.episode_id}),
         )
@@ -148,14 +172,16 @@ def statements_for(topic: str, body: bytes, split_key: str, eval_fraction: float
         return Upserts(
             [
                 _seen(dec.pipeline_version),
-                *upsert_episode(dec.episode, "decoded", split_key, eval_fraction),
+                *upsert_episode(dec.episode, EpisodeStatus.DECODED, split_key, eval_fraction),
                 _decode_row(dec),
             ],
             frozenset({dec.episode.episode_id}),
         )
     if topic == TOPIC_VALIDATED:
         val = EpisodeValidated.model_validate_json(body)
-        status = "rejected" if val.verdict is Verdict.REJECT else "validated"
+        status = (
+            EpisodeStatus.REJECTED if val.verdict is Verdict.REJECT else EpisodeStatus.VALIDATED
+        )
         return Upserts(
             [
                 _seen(val.pipeline_version),
@@ -364,7 +390,7 @@ def _verdict_row(val: EpisodeValidated) -> Executable:
 def _shard_rows(event: ShardsWritten, split_key: str, eval_fraction: float) -> list[Executable]:
     out: list[Executable] = []
     for ref in event.episodes:
-        out += upsert_episode(ref, "sharded", split_key, eval_fraction)
+        out += upsert_episode(ref, EpisodeStatus.SHARDED, split_key, eval_fraction)
     out.append(
         insert(shards)
         .values(
@@ -392,7 +418,7 @@ def _dead_letter_rows(record: DlqRecord, split_key: str, eval_fraction: float) -
     ref = _episode_in(record)
     out: list[Executable] = []
     if ref is not None:
-        out += upsert_episode(ref, "dead_lettered", split_key, eval_fraction)
+        out += upsert_episode(ref, EpisodeStatus.DEAD_LETTERED, split_key, eval_fraction)
     out.append(
         insert(dead_letters)
         .values(
@@ -410,8 +436,14 @@ def _dead_letter_rows(record: DlqRecord, split_key: str, eval_fraction: float) -
         # A dead letter ends the episode's journey even if it was already further along.
         out.append(
             update(episodes)
-            .where(episodes.c.episode_id == ref.episode_id, episodes.c.status_rank < 5)
-            .values(status="dead_lettered", status_rank=5)
+            .where(
+                episodes.c.episode_id == ref.episode_id,
+                episodes.c.status_rank < EpisodeStatus.DEAD_LETTERED.rank,
+            )
+            .values(
+                status=EpisodeStatus.DEAD_LETTERED.value,
+                status_rank=EpisodeStatus.DEAD_LETTERED.rank,
+            )
         )
     return out
 
