@@ -4,13 +4,13 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from services.agent import cli as agent_cli
 from services.bench import cli as bench_cli
-from services.common.settings import get_settings
+from services.common.settings import Settings, get_settings
 from services.contracts import cli as contracts_cli
 from services.demo import cli as demo_cli
 from services.lag import cli as lag_cli
@@ -20,10 +20,22 @@ from services.reader import cli as reader_cli
 from services.stack import cli as stack_cli
 from services.synth import cli as synth_cli
 
+if TYPE_CHECKING:
+    import threading
+
+    from faststream import FastStream
+
 app = typer.Typer(help="egoline: streaming ingestion for robotics video", no_args_is_help=True)
 
-# --- services ----------------------------------------------------------------------------
-SERVE_STAGES = ("decode", "validate", "shard", "metadata", "lag")
+# --- the stage services ------------------------------------------------------------------
+# Imported only for the stage `serve` runs: each pulls in PyAV, faststream or the warehouse.
+STAGE_APPS = {
+    "decode": "services.decode.app",
+    "validate": "services.validate.app",
+    "shard": "services.shard.app",
+    "metadata": "services.metadata.app",
+}
+SERVE_STAGES = (*STAGE_APPS, "lag")
 
 
 @app.command("serve")
@@ -36,60 +48,31 @@ def serve(
 ) -> None:
     """Run one pipeline service (its own consumer group) until SIGTERM/SIGINT; it serves
     /metrics, /healthz and /readyz on EGOLINE_METRICS_PORT (docs/metrics.md)."""
-    import asyncio
-    import logging
-    import random
-    import time
+    import importlib
 
-    from faststream import FastStream
-
-    from services.common.scheduling import start_delay_s
+    from services.common.serve import run_service, run_threaded_service
 
     if stage not in SERVE_STAGES:
         raise typer.BadParameter(f"unknown stage {stage!r}; one of {', '.join(SERVE_STAGES)}")
     if group and stage != "lag":
         raise typer.BadParameter("--group applies to `serve lag` only")
-    from services.common.redact import install_log_redaction
-
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     settings = get_settings()
-    install_log_redaction(settings)
     if stage == "lag":
-        import signal
-        import threading
 
-        from services.lag.app import serve_lag
+        def serve_lag_until(stop: threading.Event) -> None:
+            from services.lag.app import serve_lag
 
-        stop = threading.Event()
-        signal.signal(signal.SIGTERM, lambda *_: stop.set())
-        signal.signal(signal.SIGINT, lambda *_: stop.set())
-        serve_lag(settings, settings.metrics_port or 9308, group or [], stop)
+            serve_lag(settings, settings.metrics_port or 9308, group or [], stop)
+
+        run_threaded_service(settings, serve_lag_until)
         return
-    # Staggered start: a fleet restarted together doesn't stampede the broker and object store.
-    time.sleep(start_delay_s(settings.start_jitter_s, random.Random()))
-    apps = {
-        "decode": "services.decode.app",
-        "validate": "services.validate.app",
-        "shard": "services.shard.app",
-        "metadata": "services.metadata.app",
-    }
-    import importlib
 
-    from services.common.health import Liveness
-    from services.common.metrics import serve_stage_http
+    def build_app(stage_settings: Settings) -> FastStream:
+        module = importlib.import_module(STAGE_APPS[stage])
+        stream_app: FastStream = module.build_app(stage_settings)
+        return stream_app
 
-    liveness = Liveness()
-    serve_stage_http(settings.metrics_port, settings.metrics_host, stage, liveness)
-    stream_app: FastStream = importlib.import_module(apps[stage]).build_app(settings)
-
-    async def run() -> None:
-        heartbeat = asyncio.create_task(liveness.beat_forever())
-        try:
-            await stream_app.run()
-        finally:
-            heartbeat.cancel()
-
-    asyncio.run(run())
+    run_service(settings, stage, build_app)
 
 
 # Each package's commands and groups, merged at the top level in this order (`egoline --help`).

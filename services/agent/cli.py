@@ -87,12 +87,9 @@ def agent_upload(
 @agent_app.command("watch")
 def agent_watch(directory: Annotated[Path, typer.Argument(help="where recordings appear")]) -> None:
     """Upload every finished recording that appears under DIR until SIGTERM/SIGINT."""
-    import signal
-    import threading
+    from services.common.serve import stop_on_signals
 
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    stop = stop_on_signals()
     with _transfer_progress() as bars:
         agent = _agent(_agent_progress(bars))
         agent.watch(directory, stop)
