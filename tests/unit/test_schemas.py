@@ -69,7 +69,7 @@ def test_dropped_enum_value_is_incompatible() -> None:
 def test_committed_asyncapi_document_is_current() -> None:
     from pathlib import Path
 
-    from services.asyncapi import asyncapi_document
+    from services.contracts.asyncapi import asyncapi_document
 
     committed = json.loads((Path(__file__).parents[2] / "docs" / "asyncapi.json").read_text())
     assert committed == asyncapi_document(), "docs/asyncapi.json is stale: `egoline schemas export`"

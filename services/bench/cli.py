@@ -1,0 +1,141 @@
+"""`egoline bench ...`: each benchmark brings up (or reuses) the embedded stack, shows progress
+on stderr and prints its JSON line last on stdout."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Annotated, Any
+
+import typer
+
+from services.common.output import err, print_json_line
+from services.common.settings import Settings, get_settings
+
+app = typer.Typer()
+bench_app = typer.Typer(help="Benchmarks: each prints one JSON line last", no_args_is_help=True)
+app.add_typer(bench_app, name="bench")
+
+
+def _run_bench(
+    run: Callable[[Settings, Callable[[str], None]], dict[str, Any]],
+) -> dict[str, Any]:
+    """Start (or reuse) the embedded stack, run a benchmark with progress on stderr, and print
+    its JSON line last on stdout (so `--json` needs no special case)."""
+    from services.common.settings import reset_settings_cache
+    from services.stack.provision import stack_up as bring_up
+
+    bring_up(get_settings(), log=lambda line: err.print(f"[dim]stack:[/] {line}"))
+    reset_settings_cache()
+    result = run(get_settings(), lambda line: err.print(f"[dim]bench:[/] {line}"))
+    print_json_line(result)
+    return result
+
+
+@bench_app.command("upload")
+def bench_upload(
+    mb: Annotated[int, typer.Option(min=16, help="file size in MiB")] = 512,
+    as_json: Annotated[bool, typer.Option("--json", help="only the JSON line on stdout")] = False,
+) -> None:
+    """Agent upload throughput against a plain fput_object of the same file, and kill -9 resume."""
+    from services.bench.upload import bench_upload as run
+
+    del as_json  # the JSON line is always last on stdout; progress goes to stderr
+    print_json_line(run(get_settings(), mb, log=lambda line: err.print(f"[dim]bench:[/] {line}")))
+
+
+@bench_app.command("cache")
+def bench_cache(
+    mb: Annotated[int, typer.Option(min=16, help="MiB of clips to read cold and warm")] = 2048,
+    shard_mb: Annotated[
+        int, typer.Option(min=1, help="shard size (moto copies a whole object per ranged GET)")
+    ] = 64,
+    as_json: Annotated[bool, typer.Option("--json", help="only the JSON line on stdout")] = False,
+) -> None:
+    """The clip reader cold (ranged GETs from S3) vs warm (node cache) vs plain disk reads."""
+    from services.bench.cache import bench_cache as run
+
+    del as_json
+    _run_bench(lambda settings, log: run(settings, mb, shard_mb, log=log, console=err))
+
+
+@bench_app.command("ingest")
+def bench_ingest(
+    episodes: Annotated[int, typer.Option(min=1)] = 200,
+    naive_episodes: Annotated[int, typer.Option(min=1, help="episodes for the naive run")] = 2,
+    serial_episodes: Annotated[
+        int, typer.Option(min=1, help="extra episodes for the serial baseline")
+    ] = 24,
+    seed: Annotated[int, typer.Option(help="-1: fresh episode ids each run")] = -1,
+    min_s: float = 30.0,
+    max_s: float = 120.0,
+    width: int = 1280,
+    height: int = 720,
+    as_json: Annotated[bool, typer.Option("--json", help="only the JSON line on stdout")] = False,
+) -> None:
+    """Ingest throughput, every stage a process, vs the object store's floor, a serial
+    baseline (one process, one episode after another, same work) and a naive transcode."""
+    from services.bench.ingest import bench_ingest as run
+
+    del as_json
+    _run_bench(
+        lambda settings, log: run(
+            settings,
+            episodes,
+            naive_episodes,
+            serial_episodes,
+            seed,
+            (min_s, max_s),
+            (width, height),
+            log=log,
+        )
+    )
+
+
+@bench_app.command("manifest")
+def bench_manifest(
+    rows: Annotated[int, typer.Option(min=1000, help="clip rows to seed")] = 10_000_000,
+    naive_rows: Annotated[int, typer.Option(min=256, help="rows for the naive walk")] = 5120,
+    keep: Annotated[bool, typer.Option(help="keep the seeded database")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="only the JSON line on stdout")] = False,
+) -> None:
+    """Manifest build and load over N seeded clip rows, vs a file-by-file walk of shard indexes."""
+    from services.bench.manifest import bench_manifest as run
+
+    del as_json
+    _run_bench(lambda settings, log: run(settings, rows, naive_rows, keep, log=log))
+
+
+@bench_app.command("formats")
+def bench_formats(
+    seed: Annotated[int, typer.Option(help="-1: fresh episode ids each run")] = -1,
+    timeout_s: Annotated[float, typer.Option(help="give up waiting after this long")] = 900.0,
+    as_json: Annotated[bool, typer.Option("--json", help="only the JSON line on stdout")] = False,
+) -> None:
+    """Every format a device writes (and a hostile set) through the real stack: frames, streams
+    and IMU samples in (a full decode of the raw) vs out (every clip member read back by byte
+    range). Exit 1 unless nothing was lost, falsely refused or wrongly let in."""
+    from services.bench.formats import bench_formats as run
+
+    del as_json
+    result = _run_bench(lambda settings, log: run(settings, seed, timeout_s, log=log))
+    bad = ("false_rejects", "frames_lost", "streams_lost", "imu_samples_lost", "hostile_accepted")
+    if any(result[k] for k in bad):
+        raise typer.Exit(1)
+
+
+@bench_app.command("chaos")
+def bench_chaos(
+    episodes: Annotated[int, typer.Option(min=2)] = 200,
+    kills: Annotated[int, typer.Option(min=0, help="SIGKILLs of random stage processes")] = 10,
+    seed: Annotated[int, typer.Option(help="-1: fresh episode ids each run")] = -1,
+    as_json: Annotated[bool, typer.Option("--json", help="only the JSON line on stdout")] = False,
+) -> None:
+    """The pipeline under SIGKILLs, a broker pause and a Postgres restart, checked against the
+    ground truth: `lost`, `duplicates` (clips stored in more than one shard after `gc shards`),
+    `unreferenced_shards` (after gc) and `unreadable_rows` must be 0 (exit 1 otherwise)."""
+    from services.bench.chaos import bench_chaos as run
+
+    del as_json
+    result = _run_bench(lambda settings, log: run(settings, episodes, kills, seed, log=log))
+    if any(result[k] for k in ("lost", "duplicates", "unreferenced_shards", "unreadable_rows")):
+        raise typer.Exit(1)
