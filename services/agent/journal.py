@@ -20,6 +20,7 @@ import sqlite3
 import threading
 import time
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 
 SCHEMA = """
@@ -63,7 +64,21 @@ CREATE TABLE IF NOT EXISTS sends (
 CREATE INDEX IF NOT EXISTS sends_by_key ON sends (object_key, byte_offset);
 """
 
-STATES = ("pending", "uploading", "uploaded", "published", "archived", "deleted", "retry", "failed")
+
+class QueueState(StrEnum):
+    """Where an episode folder is in the agent's queue (the journal's `episodes.state`)."""
+
+    PENDING = "pending"
+    UPLOADING = "uploading"
+    UPLOADED = "uploaded"  # every file in the store, the event not yet acknowledged
+    PUBLISHED = "published"
+    ARCHIVED = "archived"
+    DELETED = "deleted"
+    RETRY = "retry"  # a transient failure: due again at `next_attempt_at`
+    FAILED = "failed"  # bad input: kept with its reason, never retried
+
+
+STATES = tuple(QueueState)
 
 
 EPISODE_COLUMNS = (
@@ -86,14 +101,27 @@ class AckedPart:
 
 @dataclass(frozen=True)
 class EpisodeRow:
+    """A queued episode folder: its state, the last failure's reason, the event once built."""
+
     queue_id: str
     directory: str
-    state: str
+    state: QueueState
     reason: str | None
     event_json: str | None
     bytes_total: int
     attempts: int
-    next_attempt_at: float
+    next_attempt_at: float  # unix time
+
+
+@dataclass(frozen=True)
+class UploadRow:
+    """The journal's record of one object: its multipart upload id (None: a single PUT, or
+    the id was never committed), part size and file size in bytes, and whether it is done."""
+
+    upload_id: str | None
+    part_size: int
+    size_bytes: int
+    complete: bool
 
 
 class Journal:
@@ -140,12 +168,10 @@ class Journal:
     def knows_directory(self, directory: Path) -> bool:
         return bool(self._read("SELECT 1 FROM episodes WHERE directory = ?", (str(directory),)))
 
-    def set_state(self, queue_id: str, state: str, reason: str | None = None) -> None:
-        if state not in STATES:
-            raise ValueError(f"unknown state {state}")
+    def set_state(self, queue_id: str, state: QueueState, reason: str | None = None) -> None:
         self._write(
             "UPDATE episodes SET state = ?, reason = ?, updated_at = ? WHERE queue_id = ?",
-            (state, reason, time.time(), queue_id),
+            (QueueState(state).value, reason, time.time(), queue_id),
         )
 
     def start_upload(self, queue_id: str, bytes_total: int) -> None:
@@ -176,20 +202,32 @@ class Journal:
         rows = self._read(f"SELECT {EPISODE_COLUMNS} FROM episodes WHERE queue_id = ?", (queue_id,))  # noqa: S608
         return EpisodeRow(*rows[0]) if rows else None  # type: ignore[arg-type]
 
-    def episodes(self, states: tuple[str, ...] = STATES) -> list[EpisodeRow]:
+    def episodes(self, states: tuple[QueueState, ...] = STATES) -> list[EpisodeRow]:
         marks = ",".join("?" for _ in states)
         rows = self._read(
             f"SELECT {EPISODE_COLUMNS} FROM episodes WHERE state IN ({marks}) ORDER BY queue_id",  # noqa: S608
-            states,
+            tuple(state.value for state in states),
         )
-        return [EpisodeRow(*r) for r in rows]  # type: ignore[arg-type]
+        return [
+            EpisodeRow(
+                queue_id=str(queue_id),
+                directory=str(directory),
+                state=QueueState(str(state)),
+                reason=None if reason is None else str(reason),
+                event_json=None if event_json is None else str(event_json),
+                bytes_total=int(str(bytes_total)),
+                attempts=int(str(attempts)),
+                next_attempt_at=float(str(next_attempt_at)),
+            )
+            for queue_id, directory, state, reason, event_json, bytes_total, attempts, next_attempt_at in rows  # noqa: E501
+        ]
 
     def due(self, now: float) -> list[EpisodeRow]:
         """Episodes to upload now: pending, interrupted mid-upload, or retries whose time came."""
         return [
             e
-            for e in self.episodes(("pending", "uploading", "retry"))
-            if e.state != "retry" or e.next_attempt_at <= now
+            for e in self.episodes((QueueState.PENDING, QueueState.UPLOADING, QueueState.RETRY))
+            if e.state is not QueueState.RETRY or e.next_attempt_at <= now
         ]
 
     def counts(self) -> dict[str, int]:
@@ -197,8 +235,8 @@ class Journal:
         return {str(state): int(str(n)) for state, n in rows}
 
     # --- multipart uploads ---------------------------------------------------------------
-    def upload(self, object_key: str) -> tuple[str | None, int, int, bool] | None:
-        """(upload id, part size, size, complete) of an object, if the journal has it."""
+    def upload(self, object_key: str) -> UploadRow | None:
+        """The journal's record of an object, if it has one."""
         rows = self._read(
             "SELECT upload_id, part_size, size_bytes, complete FROM uploads WHERE object_key = ?",
             (object_key,),
@@ -206,11 +244,11 @@ class Journal:
         if not rows:
             return None
         upload_id, part_size, size, complete = rows[0]
-        return (
-            None if upload_id is None else str(upload_id),
-            int(str(part_size)),
-            int(str(size)),
-            bool(complete),
+        return UploadRow(
+            upload_id=None if upload_id is None else str(upload_id),
+            part_size=int(str(part_size)),
+            size_bytes=int(str(size)),
+            complete=bool(complete),
         )
 
     def open_upload(

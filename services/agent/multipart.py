@@ -80,7 +80,7 @@ def upload_file(
     store, journal, part_size = up.store, up.journal, up.part_size
     limiter, retry_max_s = up.limiter, up.retry_max_s
     known = journal.upload(key)
-    if known is not None and known[3]:
+    if known is not None and known.complete:
         on_bytes(local.size_bytes)
         return
     existing = with_retries(lambda: store.stat(key), retry_max_s)
@@ -105,8 +105,8 @@ def upload_file(
         return
     ranges = part_ranges(local.size_bytes, part_size)
     resumed = None
-    if known is not None and known[0] is not None and known[1] == part_size:
-        resumed = _resume_known(up, key, known[0], ranges)
+    if known is not None and known.upload_id is not None and known.part_size == part_size:
+        resumed = _resume_known(up, key, known.upload_id, ranges)
     if resumed is None:
         # The journal lost the upload id (or never committed it: a crash right after
         # CreateMultipartUpload): the store's own list of uploads for the key is the record.

@@ -21,7 +21,7 @@ from typing import Any
 from confluent_kafka import Producer
 
 from schemas.events import TOPIC_UPLOADED, EpisodeUploaded, derive_event_id
-from services.agent.journal import Journal
+from services.agent.journal import Journal, QueueState
 from services.agent.multipart import Uploader, upload_file
 from services.agent.ratelimit import TokenBucket
 from services.agent.recordings import AgentInputError, describe, find_ready
@@ -40,7 +40,9 @@ class Progress:
 
     on_episode_start: Callable[[str, int], None] = lambda _episode, _total: None
     on_bytes: Callable[[str, int], None] = lambda _episode, _n: None
-    on_episode_done: Callable[[str, str, str | None], None] = lambda _episode, _state, _why: None
+    on_episode_done: Callable[[str, QueueState, str | None], None] = lambda _episode, _state, _why: (
+        None
+    )
 
 
 @dataclass
@@ -119,8 +121,8 @@ class Agent:
                 )
         except AgentInputError as exc:
             log.error("%s: %s", directory, exc)
-            self.journal.set_state(queue_id, "failed", str(exc))
-            self.progress.on_episode_done(queue_id, "failed", str(exc))
+            self.journal.set_state(queue_id, QueueState.FAILED, str(exc))
+            self.progress.on_episode_done(queue_id, QueueState.FAILED, str(exc))
             return
         except Exception as exc:
             if not is_transient(exc):
@@ -128,7 +130,7 @@ class Agent:
             row = self.journal.episode(queue_id)
             delay = backoff_delay((row.attempts if row else 0) + 1, base_s=2.0, cap_s=300.0)
             self.journal.schedule_retry(queue_id, f"transient: {exc}"[:500], delay)
-            self.progress.on_episode_done(queue_id, "retry", str(exc))
+            self.progress.on_episode_done(queue_id, QueueState.RETRY, str(exc))
             return
         event = EpisodeUploaded(
             event_id=derive_event_id("uploaded", episode.ref.episode_id, episode.ref.video.sha256),
@@ -137,7 +139,7 @@ class Agent:
             episode=episode.ref,
         )
         self.journal.store_event(queue_id, event.model_dump_json())
-        self.progress.on_episode_done(queue_id, "uploaded", None)
+        self.progress.on_episode_done(queue_id, QueueState.UPLOADED, None)
 
     # --- publishing (the outbox) ---------------------------------------------------------
     def publish(self, timeout_s: float) -> None:
@@ -154,7 +156,7 @@ class Agent:
             self.producer.poll(min(0.5, max(0.0, deadline - time.monotonic())))
 
     def _produce_pending(self) -> None:
-        for row in self.journal.episodes(("uploaded",)):
+        for row in self.journal.episodes((QueueState.UPLOADED,)):
             if row.queue_id in self._inflight or row.event_json is None:
                 continue
             event = EpisodeUploaded.model_validate_json(row.event_json)
@@ -172,8 +174,8 @@ class Agent:
         if err is not None:
             log.warning("event for %s not delivered (will retry): %s", queue_id, err)
             return
-        self.journal.set_state(queue_id, "published")
-        self.progress.on_episode_done(queue_id, "published", None)
+        self.journal.set_state(queue_id, QueueState.PUBLISHED)
+        self.progress.on_episode_done(queue_id, QueueState.PUBLISHED, None)
         self._after_publish(queue_id)
 
     def _after_publish(self, queue_id: str) -> None:
@@ -185,12 +187,12 @@ class Agent:
         directory = Path(row.directory)
         if mode == "delete":
             shutil.rmtree(directory, ignore_errors=True)
-            self.journal.set_state(queue_id, "deleted")
+            self.journal.set_state(queue_id, QueueState.DELETED)
         else:
             archive = self.settings.agent_archive_dir or directory.parent / ".archive"
             archive.mkdir(parents=True, exist_ok=True)
             shutil.move(str(directory), str(archive / directory.name))
-            self.journal.set_state(queue_id, "archived")
+            self.journal.set_state(queue_id, QueueState.ARCHIVED)
 
     # --- loops ---------------------------------------------------------------------------
     def run_once(self, directories: list[Path], publish_timeout_s: float) -> dict[str, int]:

@@ -19,9 +19,8 @@ from prometheus_client import CollectorRegistry, Gauge
 from services.common.health import Liveness, Response, Route, metrics_route, start_http, text
 from services.common.settings import Settings
 from services.lag.collector import OffsetReader
-from services.lag.evaluator import Status
 from services.lag.history import LagHistory
-from services.lag.monitor import PIPELINE_GROUPS, LagMonitor
+from services.lag.monitor import PIPELINE_GROUPS, LagMonitor, LagReport, report_json
 
 log = logging.getLogger("egoline.lag")
 
@@ -64,19 +63,19 @@ class LagMetrics:
             registry=self.registry,
         )
 
-    def update(self, report: dict[str, Any]) -> None:
+    def update(self, report: LagReport) -> None:
         for group, entry in report.items():
-            for p in entry["partitions"]:
-                labels = (group, p["topic"], str(p["partition"]))
-                if p["lag"] is not None:
-                    self.lag.labels(*labels).set(p["lag"])
-                if p["lag_seconds"] is not None:
-                    self.lag_s.labels(*labels).set(p["lag_seconds"])
-                self.latest.labels(p["topic"], str(p["partition"])).set(p["end"])
-            self.max_lag.labels(group).set(entry["max_lag"])
-            self.max_lag_s.labels(group).set(entry["max_lag_seconds"])
-            self.sum_lag.labels(group).set(entry["total_lag"])
-            self.status.labels(group).set(Status[entry["status"]].value)
+            for p in entry.partitions:
+                labels = (group, p.topic, str(p.partition))
+                if p.lag is not None:
+                    self.lag.labels(*labels).set(p.lag)
+                if p.lag_seconds is not None:
+                    self.lag_s.labels(*labels).set(p.lag_seconds)
+                self.latest.labels(p.topic, str(p.partition)).set(p.end)
+            self.max_lag.labels(group).set(entry.max_lag)
+            self.max_lag_s.labels(group).set(entry.max_lag_seconds)
+            self.sum_lag.labels(group).set(entry.total_lag)
+            self.status.labels(group).set(entry.status.value)
 
 
 class LagService:
@@ -89,7 +88,7 @@ class LagService:
         self.history = LagHistory()
         # one poll can wait ~10 s per admin request while the broker is unreachable
         self.liveness = Liveness(max_silence_s=max(60.0, 10 * interval_s))
-        self.report: dict[str, Any] = {}
+        self.report: LagReport = {}
         self.last_ok: float | None = None
         self.error: str | None = None
         self._lock = threading.Lock()
@@ -109,8 +108,7 @@ class LagService:
             # evaluate on a timer, not only on commits: a dead consumer's status moves to STOP
             report = self.monitor.report(time.time())
             if self.error is not None:
-                for entry in report.values():
-                    entry["status"] = Status.UNKNOWN.name
+                report = {group: entry.unknown() for group, entry in report.items()}
             with self._lock:
                 self.report = report
                 self.history.record(report, time.time(), readable=self.error is None)
@@ -124,7 +122,7 @@ class LagService:
         that has committed nothing yet has no entry in `groups`), and the reading's health."""
         with self._lock:
             return {
-                "groups": self.report,
+                "groups": report_json(self.report),
                 "watched": self.groups,
                 "interval_s": self.interval_s,
                 "last_ok": self.last_ok,

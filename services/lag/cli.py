@@ -30,32 +30,31 @@ def lag(
     from rich.table import Table
 
     from services.lag.collector import OffsetReader
-    from services.lag.monitor import PIPELINE_GROUPS, LagMonitor
+    from services.lag.monitor import PIPELINE_GROUPS, LagMonitor, LagReport, report_json
 
-    def render(report: dict[str, object]) -> Table:
+    def render(report: LagReport) -> Table:
         table = Table(title="egoline lag")
         for column in ("group", "topic", "partition", "committed", "end", "lag", "lag s", "status"):
             table.add_column(column)
         for name, entry in report.items():
-            assert isinstance(entry, dict)
-            for p in entry["partitions"]:
+            for p in entry.partitions:
                 table.add_row(
                     name,
-                    p["topic"],
-                    str(p["partition"]),
-                    str(p["committed"]),
-                    str(p["end"]),
-                    str(p["lag"]),
-                    str(p["lag_seconds"]),
-                    p["status"],
+                    p.topic,
+                    str(p.partition),
+                    str(p.committed),
+                    str(p.end),
+                    str(p.lag),
+                    str(p.lag_seconds),
+                    p.status.name,
                 )
-            table.add_row(name, "", "", "", "", str(entry["total_lag"]), "", entry["status"])
+            table.add_row(name, "", "", "", "", str(entry.total_lag), "", entry.status.name)
         return table
 
     reader = OffsetReader(get_settings())
     monitor = LagMonitor()
     groups = [*PIPELINE_GROUPS, *(group or [])]
-    report: dict[str, object] = {}
+    report: LagReport = {}
     try:
         with Live(console=err, auto_refresh=False, transient=as_json) as live:
             taken = 0
@@ -70,4 +69,4 @@ def lag(
         pass
     finally:
         reader.close()
-    print_json_line({"groups": report})
+    print_json_line({"groups": report_json(report)})

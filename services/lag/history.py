@@ -11,6 +11,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from services.lag.monitor import LagReport
+
 # (wall time s, lag in messages or None, lag seconds or None)
 Point = tuple[float, int | None, float | None]
 
@@ -21,21 +23,22 @@ class LagHistory:
     _groups: dict[str, deque[tuple[Point, str]]] = field(default_factory=dict)
     _partitions: dict[tuple[str, str, int], deque[Point]] = field(default_factory=dict)
 
-    def record(self, report: dict[str, Any], at: float, readable: bool) -> None:
+    def record(self, report: LagReport, at: float, readable: bool) -> None:
         """Append one point per group (total lag, max lag seconds, status) and per partition
         of `report` (the shape of `LagMonitor.report`); `readable=False`: the broker could not
         be read, so lag values are recorded as unknown."""
         for group, entry in report.items():
             points = self._groups.setdefault(group, deque(maxlen=self.max_points))
+            status = entry.status.name
             if readable:
-                points.append(((at, entry["total_lag"], entry["max_lag_seconds"]), entry["status"]))
+                points.append(((at, entry.total_lag, entry.max_lag_seconds), status))
             else:
-                points.append(((at, None, None), entry["status"]))
-            for p in entry["partitions"]:
-                key = (group, str(p["topic"]), int(p["partition"]))
+                points.append(((at, None, None), status))
+            for p in entry.partitions:
+                key = (group, p.topic, p.partition)
                 series = self._partitions.setdefault(key, deque(maxlen=self.max_points))
                 if readable:
-                    series.append((at, p["lag"], p["lag_seconds"]))
+                    series.append((at, p.lag, p.lag_seconds))
                 else:
                     series.append((at, None, None))
 

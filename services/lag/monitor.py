@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict, deque
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from services.lag.collector import PartitionOffsets
@@ -17,6 +17,50 @@ from services.lag.evaluator import (
 )
 
 PIPELINE_GROUPS = ("egoline-decode", "egoline-validate", "egoline-shard", "egoline-metadata")
+
+
+@dataclass(frozen=True)
+class PartitionLag:
+    """One partition of a group: offsets, lag in messages (None: nothing committed yet) and
+    seconds (None: not known yet), and its Burrow status."""
+
+    topic: str
+    partition: int
+    committed: int
+    end: int
+    lag: int | None
+    lag_seconds: float | None
+    status: Status
+
+
+@dataclass(frozen=True)
+class GroupLag:
+    """A consumer group: its worst partition's status (clamped to ERR), total and max lag."""
+
+    status: Status
+    partitions: tuple[PartitionLag, ...]
+    total_lag: int
+    max_lag: int
+    max_lag_seconds: float
+
+    def unknown(self) -> GroupLag:
+        """The same group when the broker could not be read: its status is not known."""
+        return replace(self, status=Status.UNKNOWN)
+
+    def to_json(self) -> dict[str, Any]:
+        """The group's entry of `egoline lag --json` and `/lag.json` (statuses by name)."""
+        out = asdict(self)
+        out["status"] = self.status.name
+        for part, src in zip(out["partitions"], self.partitions, strict=True):
+            part["status"] = src.status.name
+        return out
+
+
+LagReport = dict[str, GroupLag]
+
+
+def report_json(report: LagReport) -> dict[str, Any]:
+    return {group: entry.to_json() for group, entry in report.items()}
 
 
 @dataclass
@@ -53,33 +97,35 @@ class LagMonitor:
                     ends.popleft()
             self._latest[key] = r
 
-    def report(self, now: float) -> dict[str, Any]:
+    def report(self, now: float) -> LagReport:
         """Per group: status, total and max lag, and per partition the fields of `egoline lag`."""
-        groups: dict[str, dict[str, Any]] = {}
+        parts: dict[str, list[PartitionLag]] = {}
         for key, reading in sorted(self._latest.items()):
             group, topic, partition = key
-            status = evaluate_partition(list(self._windows[key]), now)
             lag = partition_lag(reading.committed, reading.end)
             seconds = lag_seconds(reading.committed, list(self._ends[(topic, partition)]), now)
-            entry = groups.setdefault(group, {"partitions": []})
-            entry["partitions"].append(
-                {
-                    "topic": topic,
-                    "partition": partition,
-                    "committed": reading.committed,
-                    "end": reading.end,
-                    "lag": lag,
-                    "lag_seconds": None if lag is None or seconds is None else round(seconds, 3),
-                    "status": status.name,
-                }
+            parts.setdefault(group, []).append(
+                PartitionLag(
+                    topic=topic,
+                    partition=partition,
+                    committed=reading.committed,
+                    end=reading.end,
+                    lag=lag,
+                    lag_seconds=None if lag is None or seconds is None else round(seconds, 3),
+                    status=evaluate_partition(list(self._windows[key]), now),
+                )
             )
-        for entry in groups.values():
-            parts = entry["partitions"]
-            entry["status"] = evaluate_group([Status[p["status"]] for p in parts]).name
-            known = [p["lag"] for p in parts if p["lag"] is not None]
-            entry["total_lag"] = sum(known)
-            entry["max_lag"] = max(known, default=0)
-            entry["max_lag_seconds"] = max(
-                (p["lag_seconds"] for p in parts if p["lag_seconds"] is not None), default=0.0
+        report: LagReport = {}
+        for group, group_parts in parts.items():
+            known = [p.lag for p in group_parts if p.lag is not None]
+            report[group] = GroupLag(
+                status=evaluate_group([p.status for p in group_parts]),
+                partitions=tuple(group_parts),
+                total_lag=sum(known),
+                max_lag=max(known, default=0),
+                max_lag_seconds=max(
+                    (p.lag_seconds for p in group_parts if p.lag_seconds is not None),
+                    default=0.0,
+                ),
             )
-        return groups
+        return report

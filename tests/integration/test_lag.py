@@ -62,14 +62,14 @@ def test_end_offsets_and_lag_are_right_for_a_batched_topic(stack: Settings) -> N
             time.sleep(0.5)
     finally:
         reader.close()
-    (partition,) = monitor.report(time.time())[group]["partitions"]
-    assert (partition["committed"], partition["end"], partition["lag"]) == (4, 10, 6)
+    (partition,) = monitor.report(time.time())[group].partitions
+    assert (partition.committed, partition.end, partition.lag) == (4, 10, 6)
     # the consumer committed once and went away while 6 behind: Burrow's STOP rule applies as
     # soon as it has been idle longer than its window spans
-    assert partition["status"] in ("STOP", "OK")
+    assert partition.status.name in ("STOP", "OK")
     later = monitor.report(time.time() + 60)[group]
-    assert later["partitions"][0]["status"] == "STOP"
-    assert later["status"] == "ERR"  # a group is its worst partition, clamped to ERR
+    assert later.partitions[0].status.name == "STOP"
+    assert later.status.name == "ERR"  # a group is its worst partition, clamped to ERR
 
 
 def lag_json(port: int) -> dict[str, Any]:

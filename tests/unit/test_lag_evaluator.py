@@ -87,7 +87,7 @@ def test_a_burst_after_a_quiet_spell_is_timed_from_the_end_of_the_spell() -> Non
     for at in range(0, 101, 2):
         monitor.observe([PartitionOffsets("g", "t", 0, committed=0, end=0, at=float(at))])
     monitor.observe([PartitionOffsets("g", "t", 0, committed=0, end=30, at=102.0)])
-    (partition,) = monitor.report(now=110.0)["g"]["partitions"]
-    assert partition["lag"] == 30
+    (partition,) = monitor.report(now=110.0)["g"].partitions
+    assert partition.lag == 30
     # offset 0 was last the log end at 100 s: 10 s behind, not 110 s (the whole quiet spell)
-    assert partition["lag_seconds"] == pytest.approx(10.0)
+    assert partition.lag_seconds == pytest.approx(10.0)

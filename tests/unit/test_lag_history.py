@@ -2,21 +2,23 @@
 
 from __future__ import annotations
 
+from services.lag.evaluator import Status
 from services.lag.history import LagHistory
+from services.lag.monitor import GroupLag, LagReport, PartitionLag
 
 
-def report(total: int, partition_lags: list[int | None], status: str = "OK") -> dict[str, object]:
+def report(total: int, partition_lags: list[int | None], status: str = "OK") -> LagReport:
     return {
-        "g": {
-            "status": status,
-            "total_lag": total,
-            "max_lag": max((x for x in partition_lags if x is not None), default=0),
-            "max_lag_seconds": 1.5,
-            "partitions": [
-                {"topic": "t", "partition": i, "lag": lag, "lag_seconds": 1.5}
+        "g": GroupLag(
+            status=Status[status],
+            total_lag=total,
+            max_lag=max((x for x in partition_lags if x is not None), default=0),
+            max_lag_seconds=1.5,
+            partitions=tuple(
+                PartitionLag("t", i, 0, 0, lag, 1.5, Status[status])
                 for i, lag in enumerate(partition_lags)
-            ],
-        }
+            ),
+        )
     }
 
 
