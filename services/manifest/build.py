@@ -2,7 +2,7 @@
 row into its clips, write an uncompressed Arrow IPC file (repeated strings dictionary-encoded),
 name it by its sha256, store it, record it.
 
-The query returns one row per episode with its clips packed (services/manifest/packing.py), so
+The query returns one row per episode with its clips packed (services/metadata/packing.py), so
 Postgres and the wire carry each episode's strings once, not once per clip. It runs as parallel
 key-range slices in one exported snapshot, streamed by COPY (bound values rendered as literals:
 see `render`). The explode is vectorised numpy, one record batch at a time into reused buffers;
@@ -35,7 +35,6 @@ from sqlalchemy import Engine
 from sqlalchemy.dialects.postgresql import insert
 
 from services.common.objectstore import ObjectStore
-from services.manifest.packing import NO_RANGE, PACKED_COLUMN, RECORD, records
 from services.manifest.query import (
     HISTOGRAM_SQL,
     MANIFEST_FORMAT_VERSION,
@@ -45,6 +44,7 @@ from services.manifest.query import (
     split_points,
 )
 from services.manifest.sink import HashingDirectSink
+from services.metadata.packing import NO_RANGE, PACKED_COLUMN, RECORD, records
 from services.metadata.warehouse import TIMING_COLUMNS, manifests
 
 # Episode-level strings that repeat across episodes: dictionary-encoded over the distinct values.

@@ -17,8 +17,8 @@ from services.manifest import build
 from services.manifest.build import MANIFEST_COLUMNS, explode
 from services.manifest.lineage import lineage_query, mismatches
 from services.manifest.load import load_manifest, with_clip_key
-from services.manifest.packing import FIELDS, PACKED_COLUMN, RECORD, pack, pack_sql, unpack
 from services.manifest.query import ManifestFilter, build_query, key_ranges, split_points
+from services.metadata.packing import FIELDS, PACKED_COLUMN, RECORD, pack, pack_sql, unpack
 
 
 @given(st.lists(st.integers(min_value=-1, max_value=2**31 - 20), max_size=50))
