@@ -50,9 +50,6 @@ from services.common.scratch import owned_name
 from services.common.settings import Settings
 from services.common.stage import PermanentError, make_broker, parse_event
 from services.media.av_io import (
-    MemberPlan,
-    ProbeError,
-    RemuxError,
     member_container,
     packet_indexes,
     remux_members,
@@ -61,6 +58,7 @@ from services.media.av_io import (
 )
 from services.media.cutting import MISSING, plan_clips, plan_runs
 from services.media.members import member_labels
+from services.media.model import MemberPlan, ProbeError, RemuxError
 from services.sensors.imu import ImuError, load_imu, slice_imu
 from services.shard.core import (
     SHARD_FORMAT_VERSION,
