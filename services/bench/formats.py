@@ -31,12 +31,12 @@ from services.common.objectstore import ObjectStore, object_store
 from services.common.settings import Settings
 from services.demo.run import wait_until_cataloged
 from services.media.av_io import (
-    ProbeError,
     decode_stream_times,
     frame_times_s,
     probe_container,
     stream_layout,
 )
+from services.media.model import ProbeError
 from services.metadata.warehouse import clips, dead_letters, episodes, make_engine, verdicts
 from services.reader.clips import read_clip
 from services.sensors.imu import ImuError, load_imu

@@ -36,7 +36,8 @@ from services.decode.core import (
     decoded_event,
     packet_index_key,
 )
-from services.media.av_io import ContainerProbe, ProbeError, frame_times_s, probe_container
+from services.media.av_io import frame_times_s, probe_container
+from services.media.model import ContainerProbe, ProbeError
 from services.sensors.imu import ImuError, ImuSummary, load_imu, summarize_imu
 
 

@@ -15,7 +15,7 @@ from schemas.events import (
     StreamInfo,
     derive_event_id,
 )
-from services.media.av_io import ContainerProbe
+from services.media.model import ContainerProbe
 from services.sensors.imu import ImuSummary
 
 MP4_BOX_TYPES = (b"ftyp", b"moov", b"mdat", b"free", b"wide", b"skip", b"styp", b"moof")

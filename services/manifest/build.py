@@ -1,108 +1,27 @@
-"""Build a manifest: run the one query through ADBC straight into Arrow, explode each episode
-row into its clips, write an uncompressed Arrow IPC file (repeated strings dictionary-encoded),
-name it by its sha256, store it, record it.
+"""Build a manifest: fetch the episode rows in one snapshot (services/manifest/snapshot.py),
+explode them into clip rows (services/manifest/explode.py), write the Arrow IPC file named by
+its sha256 (services/manifest/write.py), store it, record it in the warehouse.
 
-The query returns one row per episode with its clips packed (services/manifest/packing.py), so
-Postgres and the wire carry each episode's strings once, not once per clip. It runs as parallel
-key-range slices in one exported snapshot, streamed by COPY (bound values rendered as literals:
-see `render`). The explode is vectorised numpy, one record batch at a time into reused buffers;
-per-episode strings become the dictionaries of their columns (the per-clip indices point at the
-episode row), so they are never copied per clip. The file goes out through a hashing O_DIRECT
-sink (services/manifest/sink.py). Measurements behind each choice: docs/performance.md.
+This module is the orchestration and the two effects that publish a manifest (object store,
+`manifests` row); the steps are pure or I/O of their own in the modules above.
 """
 
 from __future__ import annotations
 
 import json
-import re
-import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-import adbc_driver_postgresql.dbapi as adbc
-import numpy as np
-import psycopg
-import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.ipc as ipc
-from numpy.typing import NDArray
-from psycopg import sql as psql
 from sqlalchemy import Engine
 from sqlalchemy.dialects.postgresql import insert
 
 from services.common.objectstore import ObjectStore
-from services.manifest.packing import NO_RANGE, PACKED_COLUMN, RECORD, records
-from services.manifest.query import (
-    HISTOGRAM_SQL,
-    MANIFEST_FORMAT_VERSION,
-    ManifestFilter,
-    build_query,
-    key_ranges,
-    split_points,
-)
-from services.manifest.sink import HashingDirectSink
-from services.metadata.warehouse import TIMING_COLUMNS, manifests
-
-# Episode-level strings that repeat across episodes: dictionary-encoded over the distinct values.
-# The others (episode id, raw key and hash) are unique per episode: the episode rows themselves
-# are their dictionaries.
-SHARED_STRINGS = (
-    "device_id",
-    "session_id",
-    "split",
-    "verdict",
-    "codec",
-    "pipeline_version",
-    "stream_labels",
-)
-UNIQUE_STRINGS = ("episode_id", "raw_key", "raw_sha256")
-EPISODE_NUMBERS = (
-    "started_at",
-    "warning_count",
-    "width",
-    "height",
-    "fps",
-    "stream_count",
-    *TIMING_COLUMNS,
-)
-
-MANIFEST_COLUMNS = (
-    "shard_key",
-    "byte_offset",
-    "length",
-    "imu_offset",
-    "imu_length",
-    "json_offset",
-    "json_length",
-    "episode_id",
-    "device_id",
-    "session_id",
-    "started_at",
-    "clip_index",
-    "clip_start_s",
-    "clip_duration_s",
-    "frame_count",
-    "split",
-    "verdict",
-    "warning_count",
-    "codec",
-    "width",
-    "height",
-    "fps",
-    "raw_key",
-    "raw_sha256",
-    "pipeline_version",
-    "stream_labels",
-    "stream_count",
-    *TIMING_COLUMNS,
-)
-
-Progress = Callable[[int, int], None]  # (episodes so far, clips so far)
-BATCH_ROWS = 1 << 20  # clip rows per IPC record batch
+from services.manifest.explode import Exploder
+from services.manifest.query import ManifestFilter, build_query
+from services.manifest.snapshot import Progress, fetch_episodes
+from services.manifest.write import schema_metadata, write_batches
+from services.metadata.warehouse import manifests
 
 
 @dataclass(frozen=True)
@@ -118,308 +37,10 @@ class BuiltManifest:
     publish_s: float  # upload to the object store + warehouse row
 
 
-def render(sql: str, params: list[object], conn: psycopg.Connection[Any]) -> str:
-    """The statement with each bound parameter ($n) replaced by its literal, quoted by psycopg
-    for this connection. ADBC's PostgreSQL driver streams a result through COPY (batch by batch)
-    only for a statement without bind parameters; with them it materialises the whole result in
-    libpq first (measured: 2.6 GiB touched for a 1 GiB result, returned as a single batch)."""
-    # Parenthesised: `$1::int4` with -2147483648 must not become -(2147483648::int4).
-    return re.sub(
-        r"\$(\d+)",
-        lambda m: f"({psql.Literal(params[int(m.group(1)) - 1]).as_string(conn)})",
-        sql,
-    )
-
-
-def fetch_episodes(
-    database_url: str,
-    flt: ManifestFilter,
-    progress: Progress | None = None,
-    parallel: int = 2,
-) -> pa.Table:
-    """The query's rows as one table: run as `parallel` primary-key slices on their own
-    connections (a COPY cannot use Postgres's parallel query), all in one exported snapshot and
-    concatenated in key order, so the rows and their order are exactly those of the single
-    query at one moment, even while the metadata service writes."""
-    with psycopg.connect(database_url, autocommit=True) as coordinator:
-        coordinator.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-        found = coordinator.execute(HISTOGRAM_SQL).fetchone()
-        snapshot = coordinator.execute("SELECT pg_export_snapshot()").fetchone()
-        assert snapshot is not None
-        ranges = key_ranges(split_points(found[0] if found else None, parallel))
-        statements = [render(*build_query(flt, key_range), coordinator) for key_range in ranges]
-        lock = threading.Lock()
-        totals = [0, 0]
-
-        def one(statement: str) -> tuple[pa.Schema, list[pa.RecordBatch]]:
-            batches: list[pa.RecordBatch] = []
-            with adbc.connect(database_url, autocommit=True) as conn, conn.cursor() as cur:
-                cur.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-                cur.execute(f"SET TRANSACTION SNAPSHOT '{snapshot[0]}'")
-                cur.execute(statement)
-                reader = cur.fetch_record_batch()
-                for batch in reader:
-                    batches.append(batch)
-                    with lock:
-                        totals[0] += batch.num_rows
-                        totals[1] += int(pc.sum(batch.column("clip_count")).as_py() or 0)
-                        if progress is not None:
-                            progress(totals[0], totals[1])
-                cur.execute("COMMIT")
-            return reader.schema, batches
-
-        with ThreadPoolExecutor(len(ranges)) as pool:
-            parts = list(pool.map(one, statements))
-        coordinator.execute("COMMIT")
-    return pa.Table.from_batches([b for _, part in parts for b in part], schema=parts[0][0])
-
-
-def _index_type(size: int) -> pa.DataType:
-    for arrow_type, limit in ((pa.int8(), 1 << 7), (pa.int16(), 1 << 15)):
-        if size < limit:
-            return arrow_type
-    return pa.int32()
-
-
-def _encode(column: pa.ChunkedArray) -> tuple[pa.Array, NDArray[Any]]:
-    """Distinct values of a string column and each row's code, in the narrowest index type
-    (chunk by chunk against one dictionary: the column is never copied whole)."""
-    encoded = column.dictionary_encode()
-    chunks = [chunk for chunk in encoded.chunks if len(chunk)]
-    if not chunks:
-        return pa.array([], type=column.type), np.zeros(0, dtype=np.int8)
-    dictionary = chunks[-1].dictionary  # one memo table: every chunk's is a prefix of the last
-    index_type = _index_type(len(dictionary)).to_pandas_dtype()
-    codes = np.concatenate([c.indices.to_numpy(zero_copy_only=False) for c in chunks])
-    return dictionary, codes.astype(index_type, copy=False)
-
-
-def _dictionary(indices: NDArray[np.integer[Any]], values: pa.Array) -> pa.DictionaryArray:
-    index_type = _index_type(len(values))
-    return pa.DictionaryArray.from_arrays(
-        pa.array(indices.astype(index_type.to_pandas_dtype(), copy=False), type=index_type),
-        values,
-    )
-
-
-CACHE_RECORDS = 1 << 15  # records copied out field by field while they are in the CPU cache
-
-
-@dataclass(frozen=True)
-class _Clips:
-    """All episodes' packed clips: zero-copy arrays of big-endian records, one per result
-    chunk, and the clip row each starts at."""
-
-    views: list[NDArray[Any]]
-    starts: NDArray[np.int64]
-
-    @classmethod
-    def of(cls, column: pa.ChunkedArray) -> _Clips:
-        views: list[NDArray[Any]] = []
-        for chunk in column.chunks:
-            if len(chunk) == 0:
-                continue
-            _, offset_buffer, data_buffer = chunk.buffers()
-            offset_type = np.int64 if pa.types.is_large_binary(chunk.type) else np.int32
-            offsets = np.frombuffer(offset_buffer, dtype=offset_type)
-            first, last = int(offsets[chunk.offset]), int(offsets[chunk.offset + len(chunk)])
-            if (last - first) % RECORD.itemsize:
-                raise ValueError(f"packed clips of {last - first} bytes: not whole records")
-            views.append(records(memoryview(data_buffer)[first:last]))
-        starts = np.cumsum([0, *(len(v) for v in views)], dtype=np.int64)
-        return cls(views, starts)
-
-    @property
-    def total(self) -> int:
-        return int(self.starts[-1])
-
-    def take(self, start: int, stop: int, out: dict[str, NDArray[Any]]) -> None:
-        """Clip rows [start, stop) into `out`, each field a native-endian array of at least
-        stop - start values (byte-swapped while copied out, a cache-sized run of records at a
-        time)."""
-        first = max(int(np.searchsorted(self.starts, start, side="right")) - 1, 0)
-        position = start
-        for i in range(first, len(self.views)):
-            begin = int(self.starts[i])
-            view = self.views[i][position - begin : stop - begin]
-            for run in range(0, len(view), CACHE_RECORDS):
-                piece = view[run : run + CACHE_RECORDS]
-                at = position - start + run
-                for name in RECORD.names or ():
-                    out[name][at : at + len(piece)] = piece[name]
-            position += len(view)
-            if position >= stop:
-                break
-
-
-class Exploder:
-    """Episode rows (the query's result) -> clip rows, one record batch at a time (pure).
-
-    Everything episode-level is prepared once: the clip -> episode index, and the dictionaries
-    (the episode rows themselves for unique strings, the distinct values for shared ones, the
-    distinct shard keys). A batch is then index arithmetic plus copies of its own clip rows, so
-    memory stays at one batch however large the manifest is.
-    """
-
-    def __init__(self, episodes: pa.Table) -> None:
-        counts = episodes.column("clip_count").to_numpy().astype(np.int64)
-        self.parent = np.repeat(np.arange(len(counts), dtype=np.int32), counts)
-        self.clips = _Clips.of(episodes.column(PACKED_COLUMN))
-        if self.clips.total != len(self.parent):
-            raise ValueError(f"{self.clips.total} packed clips, clip_count says {len(self.parent)}")
-        # Shard keys: each episode lists its shards; a clip names one by its position in it.
-        # Encoded chunk by chunk against one dictionary: no copy of the lists.
-        lists = [chunk for chunk in episodes.column("shard_keys").chunks if len(chunk)]
-        starts, base = [], 0
-        for chunk in lists:
-            offsets = chunk.offsets.to_numpy()
-            starts.append(offsets[:-1].astype(np.int64) - int(offsets[0]) + base)
-            base += int(offsets[-1] - offsets[0])
-        self.list_starts = np.concatenate(starts) if starts else np.zeros(0, np.int64)
-        flat = pa.chunked_array([chunk.flatten() for chunk in lists], type=pa.string())
-        self.shard_values, self.shard_codes = _encode(flat)
-        self.unique = {name: episodes.column(name).combine_chunks() for name in UNIQUE_STRINGS}
-        self.shared = {name: _encode(episodes.column(name)) for name in SHARED_STRINGS}
-        self.numbers: dict[str, tuple[NDArray[Any], pa.DataType]] = {}
-        for name in EPISODE_NUMBERS:
-            array = episodes.column(name).combine_chunks()
-            storage = pa.int64() if pa.types.is_timestamp(array.type) else array.type
-            self.numbers[name] = (array.cast(storage).to_numpy(zero_copy_only=False), array.type)
-
-    @property
-    def rows(self) -> int:
-        return len(self.parent)
-
-    def buffers(self, size: int) -> dict[str, NDArray[Any]]:
-        """Room for a batch of up to `size` clip rows: `batch(..., into=)` fills it, so a
-        writer that is done with one batch before asking for the next reuses the same memory."""
-        out = {
-            name: np.empty(size, dtype=RECORD[name].newbyteorder("="))
-            for name in RECORD.names or ()
-        }
-        out["shard_key"] = np.empty(size, dtype=self.shard_codes.dtype)
-        out["flat"] = np.empty(size, dtype=np.int64)
-        for name, (_, codes) in self.shared.items():
-            out[name] = np.empty(size, dtype=codes.dtype)
-        for name, (numbers, _) in self.numbers.items():
-            out[name] = np.empty(size, dtype=numbers.dtype)
-        return out
-
-    def batch(
-        self, start: int, stop: int, into: dict[str, NDArray[Any]] | None = None
-    ) -> pa.RecordBatch:
-        """Clip rows [start, stop). Without `into`, in fresh memory; with it, in those buffers
-        (valid until they are filled again)."""
-        size = stop - start
-        room = into if into is not None else self.buffers(size)
-        buf = {name: values[:size] for name, values in room.items()}
-        parent = self.parent[start:stop]
-        self.clips.take(start, stop, buf)
-        np.take(self.list_starts, parent, out=buf["flat"], mode="clip")
-        buf["flat"] += buf["shard_no"]
-        np.take(self.shard_codes, buf["flat"], out=buf["shard_key"], mode="clip")
-        out: dict[str, pa.Array] = {
-            "shard_key": _dictionary(buf["shard_key"], self.shard_values),
-            "byte_offset": pa.array(buf["byte_offset"], type=pa.int64()),
-            "json_offset": pa.array(buf["json_offset"], type=pa.int64()),
-            "length": pa.array(buf["length"], type=pa.int32()),
-            "json_length": pa.array(buf["json_length"], type=pa.int32()),
-            "clip_index": pa.array(buf["clip_index"], type=pa.int32()),
-            "frame_count": pa.array(buf["frame_count"], type=pa.int32()),
-            "clip_start_s": pa.array(buf["clip_start_s"], type=pa.float64()),
-            "clip_duration_s": pa.array(buf["clip_duration_s"], type=pa.float64()),
-        }
-        no_imu = buf["imu_offset"] == NO_RANGE
-        out["imu_offset"] = pa.array(buf["imu_offset"], type=pa.int64(), mask=no_imu)
-        out["imu_length"] = pa.array(buf["imu_length"], type=pa.int32(), mask=no_imu)
-        for name, values in self.unique.items():
-            out[name] = _dictionary(parent, values)
-        for name, (dictionary, codes) in self.shared.items():
-            np.take(codes, parent, out=buf[name], mode="clip")
-            out[name] = _dictionary(buf[name], dictionary)
-        for name, (numbers, arrow_type) in self.numbers.items():
-            np.take(numbers, parent, out=buf[name], mode="clip")
-            out[name] = pa.Array.from_buffers(arrow_type, size, [None, pa.py_buffer(buf[name])])
-        return pa.record_batch([out[n] for n in MANIFEST_COLUMNS], names=list(MANIFEST_COLUMNS))
-
-    @property
-    def schema(self) -> pa.Schema:
-        return self.batch(0, 0).schema
-
-    def batches(self, size: int = BATCH_ROWS, reuse: bool = False) -> Iterator[pa.RecordBatch]:
-        """The clip rows in batches of `size`. With `reuse`, every batch is built in the same
-        buffers: for a consumer that is done with each batch before the next (a writer)."""
-        room = self.buffers(min(size, self.rows)) if reuse else None
-        for start in range(0, self.rows, size):
-            yield self.batch(start, min(start + size, self.rows), room)
-
-
-def explode(episodes: pa.Table) -> pa.Table:
-    """Episode rows -> one row per clip, the manifest's columns, as one table (pure)."""
-    exploder = Exploder(episodes)
-    return pa.Table.from_batches(list(exploder.batches()), schema=exploder.schema)
-
-
-def metadata(flt: ManifestFilter, sql: str) -> dict[bytes, bytes]:
-    return {
-        b"egoline.manifest.version": str(MANIFEST_FORMAT_VERSION).encode(),
-        b"egoline.manifest.filter": flt.model_dump_json().encode(),
-        b"egoline.manifest.query": sql.encode(),
-    }
-
-
-def with_metadata(table: pa.Table, flt: ManifestFilter, sql: str) -> pa.Table:
-    return table.replace_schema_metadata(metadata(flt, sql))
-
-
-def write_batches(schema: pa.Schema, batches: Iterable[pa.RecordBatch], path: Path) -> str:
-    """Write an uncompressed Arrow IPC file (memory-mappable) from record batches, hashing the
-    bytes on the way out; returns its sha256."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    with (
-        HashingDirectSink(tmp) as sink,
-        pa.PythonFile(sink, mode="w") as stream,
-        ipc.new_file(stream, schema) as writer,
-    ):
-        for batch in batches:
-            writer.write_batch(batch)
-    tmp.replace(path)
-    return sink.sha256()
-
-
-def write_ipc(table: pa.Table, path: Path) -> str:
-    """Write a table as an uncompressed Arrow IPC file in batches of BATCH_ROWS; its sha256."""
-    return write_batches(table.schema, table.to_batches(max_chunksize=BATCH_ROWS), path)
-
-
-def build_manifest(
-    database_url: str,
-    engine: Engine,
-    store: ObjectStore,
-    flt: ManifestFilter,
-    out_dir: Path,
-    progress: Progress | None = None,
-    parallel: int = 2,
-) -> BuiltManifest:
-    sql, params = build_query(flt)
-    started = time.perf_counter()
-    episodes = fetch_episodes(database_url, flt, progress, parallel)
-    fetched = time.perf_counter()
-    exploder = Exploder(episodes)
-    schema = exploder.schema.with_metadata(metadata(flt, sql))
-    exploded = time.perf_counter()
-    staging = out_dir / "manifest.arrow.partial"
-    manifest_id = write_batches(schema, exploder.batches(reuse=True), staging)
-    rows = exploder.rows
-    del exploder, episodes
-    final = out_dir / f"{manifest_id}.arrow"
-    staging.replace(final)
-    written = time.perf_counter()
-    key = f"manifests/{manifest_id}.arrow"
-    size = final.stat().st_size
-    if not store.exists(key):
-        store.put_file(key, final, content_type="application/vnd.apache.arrow.file")
+def record_manifest(
+    engine: Engine, manifest_id: str, key: str, sql: str, params: list[object], rows: int, size: int
+) -> None:
+    """The warehouse's `manifests` row for a stored file (idempotent: same id, same row)."""
     with engine.begin() as conn:
         conn.execute(
             insert(manifests)
@@ -433,6 +54,38 @@ def build_manifest(
             )
             .on_conflict_do_nothing()
         )
+
+
+def build_manifest(
+    database_url: str,
+    engine: Engine,
+    store: ObjectStore,
+    flt: ManifestFilter,
+    out_dir: Path,
+    progress: Progress | None = None,
+    parallel: int = 2,
+) -> BuiltManifest:
+    """Fetch, explode, write, store and record the manifest of `flt`; the local file stays in
+    `out_dir` as `<sha256>.arrow`."""
+    sql, params = build_query(flt)
+    started = time.perf_counter()
+    episodes = fetch_episodes(database_url, flt, progress, parallel)
+    fetched = time.perf_counter()
+    exploder = Exploder(episodes)
+    schema = exploder.schema.with_metadata(schema_metadata(flt, sql))
+    exploded = time.perf_counter()
+    staging = out_dir / "manifest.arrow.partial"
+    manifest_id = write_batches(schema, exploder.batches(reuse=True), staging)
+    rows = exploder.rows
+    del exploder, episodes
+    final = out_dir / f"{manifest_id}.arrow"
+    staging.replace(final)
+    written = time.perf_counter()
+    key = f"manifests/{manifest_id}.arrow"
+    size = final.stat().st_size
+    if not store.exists(key):
+        store.put_file(key, final, content_type="application/vnd.apache.arrow.file")
+    record_manifest(engine, manifest_id, key, sql, params, rows, size)
     return BuiltManifest(
         manifest_id,
         key,

@@ -12,7 +12,7 @@ from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from services.manifest.packing import PACKED_COLUMN
+from services.metadata.packing import PACKED_COLUMN
 from services.metadata.warehouse import TIMING_COLUMNS
 
 MANIFEST_FORMAT_VERSION = 3

@@ -2,6 +2,8 @@
 
 Time units: PyAV packet `pts`/`dts` are integers in the stream's `time_base` (a Fraction of a
 second); everything this module returns is in seconds (float) unless a name says otherwise.
+The plain data it returns and raises (probe results, remux plans, errors) is defined in
+services/media/model.py, which does not import PyAV, so pure cores can use those types.
 """
 
 from __future__ import annotations
@@ -26,17 +28,19 @@ from av.video.stream import VideoStream
 from numpy.typing import NDArray
 
 from services.media.cutting import PacketRun, clean_cuts, entry_points, plan_runs
+from services.media.model import (
+    PACKET_INDEX_DTYPE,
+    AudioProbe,
+    ContainerProbe,
+    KeyframeCheck,
+    MemberPlan,
+    ProbeError,
+    RemuxError,
+    StreamProbe,
+)
 
 logging.getLogger("libav").setLevel(logging.CRITICAL)
 av.logging.set_level(av.logging.PANIC)
-
-
-class ProbeError(ValueError):
-    """The file cannot be opened or demuxed as a video container."""
-
-
-class RemuxError(RuntimeError):
-    """A clip could not be cut out of its episode."""
 
 
 ENCODERS = {"h264": "libx264", "h265": "libx265", "av1": "libsvtav1"}
@@ -144,66 +148,6 @@ def rgb_to_yuv420p(rgb: NDArray[np.uint8]) -> NDArray[np.uint8]:
     out[h : h + h // 4] = np.clip(u, 0, 255).reshape(h // 4, w)
     out[h + h // 4 :] = np.clip(v, 0, 255).reshape(h // 4, w)
     return out
-
-
-@dataclass
-class StreamProbe:
-    """One video stream. Times in seconds; `start_s` is on the file's own clock (first pts),
-    every other time list is relative to that first pts."""
-
-    index: int
-    codec: str
-    width: int
-    height: int
-    fps: float
-    pix_fmt: str | None
-    bit_rate: int | None
-    rotation_deg: int
-    duration_s: float
-    frame_count: int
-    keyframe_times_s: list[float]
-    packet_index: NDArray[np.void] = field(repr=False)
-    non_monotonic_count: int
-    corrupt_packet_count: int
-    max_gap_s: float
-    start_s: float = 0.0
-    entry_times_s: list[float] = field(default_factory=list)
-    clean_cut_times_s: list[float] = field(default_factory=list)
-    time_base: Fraction | None = None
-    title: str | None = None
-    bit_depth: int = 8
-    intra_only: bool = False
-    jitter_s: float = 0.0
-    drift_ppm: float = 0.0
-    vfr: bool = False
-
-
-@dataclass
-class AudioProbe:
-    """One audio stream: what a clip keeps of it is cut by time."""
-
-    index: int
-    codec: str
-    sample_rate: int
-    channels: int
-    start_s: float
-    duration_s: float
-    packet_count: int
-
-
-@dataclass
-class ContainerProbe:
-    format_name: str
-    duration_s: float
-    complete: bool
-    streams: list[StreamProbe] = field(default_factory=list)
-    error: str | None = None
-    audio: list[AudioProbe] = field(default_factory=list)
-    size_bytes: int = 0
-    # Set when the file was cut short (power loss mid-write): packets past this byte are not
-    # whole, and what lies before it is what the episode keeps.
-    salvage_limit_bytes: int | None = None
-    salvaged_s: float | None = None
 
 
 def _seconds(value: int | None, time_base: Fraction | None) -> float:
@@ -441,11 +385,6 @@ def packet_indexes(
     return {index: packet_table(log) for index, log in demuxed.logs.items()}
 
 
-PACKET_INDEX_DTYPE = np.dtype(
-    [("pts", "<i8"), ("dts", "<i8"), ("pos", "<i8"), ("size", "<i4"), ("keyframe", "?")]
-)
-
-
 def packet_table(entry: _PacketLog) -> NDArray[np.void]:
     """The GOP/packet index of one stream as a structured array (one row per packet, demux
     order; pts/dts in the stream's time_base, missing ones as INT64_MIN; pos = byte offset in
@@ -549,13 +488,6 @@ def _audio_probe(stream: _StreamMeta, entry: _PacketLog) -> AudioProbe:
     )
 
 
-@dataclass
-class KeyframeCheck:
-    decoded: int
-    failed: int
-    first_error: str | None
-
-
 def decode_keyframes(
     path: Path, stream_index: int, full: bool = False, salvage_limit_bytes: int | None = None
 ) -> KeyframeCheck:
@@ -634,23 +566,6 @@ def _keyframe_pass(
 # anything else goes into a Matroska member.
 MP4_VIDEO_CODECS = frozenset({"h264", "hevc", "av1", "mpeg4", "vp9", "ffv1"})
 MP4_AUDIO_CODECS = frozenset({"aac", "opus", "mp3", "ac3", "eac3", "flac", "alac"})
-
-
-@dataclass(frozen=True)
-class MemberPlan:
-    """One output file per clip: a video stream (plus audio streams) of one source file.
-
-    `runs[i]` is the packet run (decode indexes) of the video stream for clip i, `None` for
-    no frames; `offsets_tb[i]` is the clip window start in the video stream's time base (it
-    becomes timestamp 0); `audio_windows[a][i]` is audio stream a's window [start, end) for
-    clip i in its own time base.
-    """
-
-    video_index: int
-    container: str  # "mp4" or "matroska"
-    runs: list[PacketRun | None]
-    offsets_tb: list[int]
-    audio_windows: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
 
 
 def member_container(video_codec: str, audio_codecs: Iterable[str]) -> str:

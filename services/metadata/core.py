@@ -43,8 +43,8 @@ from schemas.events import (
     StreamInfo,
     Verdict,
 )
-from services.manifest.packing import PACKED_COLUMN, pack_sql
 from services.media.members import member_labels
+from services.metadata.packing import PACKED_COLUMN, pack_sql
 from services.metadata.warehouse import (
     TIMING_COLUMNS,
     clips,

@@ -26,7 +26,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY, BYTEA, JSONB
 
 from services.common.settings import Settings
-from services.manifest.packing import PACKED_COLUMN
+from services.metadata.packing import PACKED_COLUMN
 
 metadata = MetaData()
 
@@ -157,8 +157,8 @@ clips = Table(
 )
 
 # What a manifest reads: one row per (pipeline version, episode) with clips, holding the
-# episode's facts joined once and its clips packed, one bytea per clip field
-# (services/manifest/packing.py). Derived from the tables above by the metadata service in the
+# episode's facts joined once and its clips packed into one bytea of fixed-size records
+# (services/metadata/packing.py). Derived from the tables above by the metadata service in the
 # same transaction as the events that touch it, so it is never ahead of or behind them; a
 # manifest is then one index-ordered scan of this table, not a five-way join over clips.
 manifest_episodes = Table(

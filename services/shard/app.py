@@ -22,7 +22,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import cast
 
 import numpy as np
 from faststream import FastStream
@@ -32,8 +31,6 @@ from schemas.events import (
     TOPIC_SHARDS,
     TOPIC_VALIDATED,
     AudioInfo,
-    ClipMember,
-    ClipRecord,
     EpisodeDecoded,
     EpisodeRef,
     EpisodeValidated,
@@ -50,9 +47,6 @@ from services.common.scratch import owned_name
 from services.common.settings import Settings
 from services.common.stage import PermanentError, make_broker, parse_event
 from services.media.av_io import (
-    MemberPlan,
-    ProbeError,
-    RemuxError,
     member_container,
     packet_indexes,
     remux_members,
@@ -61,22 +55,25 @@ from services.media.av_io import (
 )
 from services.media.cutting import MISSING, plan_clips, plan_runs
 from services.media.members import member_labels
+from services.media.model import MemberPlan, ProbeError, RemuxError
 from services.sensors.imu import ImuError, load_imu, slice_imu
 from services.shard.core import (
-    SHARD_FORMAT_VERSION,
+    clip_key,
+    clip_metadata,
+    clip_record,
+    encode_json,
     episode_marker_key,
     frame_times_s_of,
-    member_offsets,
+    imu_member_entry,
     pack_first_fit_decreasing,
+    place_members,
+    shard_index,
     shard_keys,
+    video_member_entry,
     write_tar,
 )
 
 TAR_OVERHEAD = 1024  # a 512-byte header plus at most 512 bytes of padding, per member
-
-
-def clip_key(episode_id: str, clip_index: int) -> str:
-    return f"{episode_id}_{clip_index:05d}"
 
 
 @dataclass(frozen=True)
@@ -324,62 +321,21 @@ def _spool_clips(
             name = f"{key}.{ext}" if m is main else f"{key}.{m.label}.{ext}"
             files.append((name, m.path))
             streams.append(
-                {
-                    "name": name,
-                    "camera": m.camera,
-                    "label": m.label,
-                    "kind": "video",
-                    "stream_index": m.stream.index,
-                    "codec": m.stream.codec,
-                    "pix_fmt": m.stream.pix_fmt,
-                    "width": m.stream.width,
-                    "height": m.stream.height,
-                    "fps": m.stream.fps,
-                    "bit_depth": m.stream.bit_depth,
-                    "rotation_deg": m.stream.rotation_deg,
-                    "frame_count": m.frames,
-                    "audio_streams": m.audio_streams,
-                }
+                video_member_entry(name, m.camera, m.label, m.stream, m.frames, m.audio_streams)
             )
         if imu_slices is not None:
             imu_path = spool / f"{key}.imu.npy"
             np.save(imu_path, imu_slices[index], allow_pickle=False)
             files.append((f"{key}.imu.npy", imu_path))
             streams.append(
-                {
-                    "name": f"{key}.imu.npy",
-                    "camera": episode.camera,
-                    "label": "imu",
-                    "kind": "imu",
-                    "frame_count": len(imu_slices[index]),
-                }
+                imu_member_entry(f"{key}.imu.npy", episode.camera, len(imu_slices[index]))
             )
-        relative = member_offsets([p.stat().st_size for _, p in files])
-        for entry, offset, (_, p) in zip(streams, relative, files, strict=True):
-            entry["offset_in_clip"] = offset
-            entry["length"] = p.stat().st_size
-        meta: dict[str, object] = {
-            "clip_key": key,
-            "episode_id": episode.episode_id,
-            "device_id": episode.device_id,
-            "session_id": episode.session_id,
-            "clip_index": index,
-            "start_s": round(start, 6),
-            "duration_s": round(end - start, 6),
-            "frame_count": primary_frames[index],
-            "first_frame": first_frame,
-            "fps": primary.fps,
-            "codec": primary.codec,
-            "width": primary.width,
-            "height": primary.height,
-            "raw_key": episode.video.key,
-            "raw_sha256": episode.video.sha256,
-            "pipeline_version": validated.pipeline_version,
-            "format_version": SHARD_FORMAT_VERSION,
-            "streams": streams,
-        }
+        place_members(streams, [p.stat().st_size for _, p in files])
+        meta = clip_metadata(
+            validated, index, (start, end), primary_frames[index], first_frame, streams
+        )
         json_path = spool / f"{key}.json"
-        json_path.write_bytes(json.dumps(meta, sort_keys=True).encode())
+        json_path.write_bytes(encode_json(meta))
         files.append((f"{key}.json", json_path))
         out.append(SpooledClip(meta, [(n, str(p), p.stat().st_size) for n, p in files]))
         first_frame += primary_frames[index]
@@ -389,42 +345,6 @@ def _spool_clips(
 def run_cut(job: ShardJob) -> CutEpisode:
     """Worker-process entry point."""
     return cut_episode(worker_store(), job, worker_fetch_raw)
-
-
-def _clip_record(clip: SpooledClip, spans: dict[str, tuple[int, int]]) -> ClipRecord:
-    key = str(clip.meta["clip_key"])
-    mp4, js = spans[f"{key}.mp4"], spans[f"{key}.json"]
-    imu = spans.get(f"{key}.imu.npy")
-    return ClipRecord(
-        clip_key=key,
-        episode_id=str(clip.meta["episode_id"]),
-        clip_index=int(str(clip.meta["clip_index"])),
-        start_s=float(str(clip.meta["start_s"])),
-        duration_s=float(str(clip.meta["duration_s"])),
-        frame_count=int(str(clip.meta["frame_count"])),
-        mp4_offset=mp4[0],
-        mp4_length=mp4[1],
-        imu_offset=imu[0] if imu else None,
-        imu_length=imu[1] if imu else None,
-        json_offset=js[0],
-        json_length=js[1],
-        members=[
-            ClipMember(
-                name=str(m["name"]),
-                camera=str(m["camera"]),
-                kind="imu" if m["kind"] == "imu" else "video",
-                stream_index=None if m.get("stream_index") is None else int(str(m["stream_index"])),
-                label=str(m["label"]),
-                codec=None if m.get("codec") is None else str(m["codec"]),
-                pix_fmt=None if m.get("pix_fmt") is None else str(m["pix_fmt"]),
-                offset=spans[str(m["name"])][0],
-                length=spans[str(m["name"])][1],
-                frame_count=int(str(m["frame_count"])),
-                audio_streams=int(str(m.get("audio_streams", 0))),
-            )
-            for m in cast(list[dict[str, object]], clip.meta.get("streams", []))
-        ],
-    )
 
 
 def write_shard(
@@ -451,20 +371,12 @@ def write_shard(
     size = path.stat().st_size
     shard_key, index_key = shard_keys(pipeline_version, sha)
     by_name = {s.name: (s.offset, s.length) for s in spans}
-    records = [_clip_record(clip, by_name) for clip in clips]
+    records = [clip_record(clip.meta, by_name) for clip in clips]
     if not store.exists(shard_key):
         store.put_file(shard_key, path, "application/x-tar", single_put_max=size)
     path.unlink()
-    index = {
-        "format": "egoline-shard-index",
-        "version": SHARD_FORMAT_VERSION,
-        "shard_key": shard_key,
-        "sha256": sha,
-        "size_bytes": size,
-        "members": [{"name": s.name, "offset": s.offset, "length": s.length} for s in spans],
-        "clips": [r.model_dump() for r in records],
-    }
-    store.put_bytes(index_key, json.dumps(index, sort_keys=True).encode(), "application/json")
+    index = shard_index(shard_key, sha, size, spans, records)
+    store.put_bytes(index_key, encode_json(index), "application/json")
     return ShardsWritten(
         event_id=derive_event_id("shard", sha, pipeline_version),
         produced_at=datetime.now(UTC),

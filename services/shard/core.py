@@ -1,4 +1,5 @@
-"""Pure shard logic: GOP-aligned clip boundaries, first-fit-decreasing packing, tar layout.
+"""Pure shard logic: GOP-aligned clip boundaries, first-fit-decreasing packing, tar layout, and
+what a shard says about itself: each clip's `.json` member and the shard's index.
 
 Shard format (WebDataset-compatible POSIX tar, documented in docs/formats.md): per clip three
 members `<clip_key>.mp4`, `<clip_key>.imu.npy` (when the episode has IMU) and `<clip_key>.json`,
@@ -10,15 +11,17 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import tarfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import BinaryIO
+from typing import BinaryIO, cast
 
 import numpy as np
 from numpy.typing import NDArray
 
+from schemas.events import ClipMember, ClipRecord, EpisodeValidated, StreamInfo
 from services.media import cutting
 
 # 2: one member per video stream (`<key>.<label>.mp4|mkv` beside `<key>.mp4`), the IMU slice
@@ -138,3 +141,157 @@ def shard_keys(pipeline_version: str, sha256: str) -> tuple[str, str]:
 
 def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+def clip_key(episode_id: str, clip_index: int) -> str:
+    """A clip's key: the stem of its members' names in the tar (`<clip_key>.mp4`, ...)."""
+    return f"{episode_id}_{clip_index:05d}"
+
+
+def video_member_entry(
+    name: str,
+    camera: str,
+    label: str,
+    stream: StreamInfo,
+    frame_count: int,
+    audio_streams: int,
+) -> dict[str, object]:
+    """A video member's entry in its clip's `streams` list (placed later by `place_members`).
+    `frame_count`: frames shown in the clip's window; `audio_streams`: audio streams muxed in."""
+    return {
+        "name": name,
+        "camera": camera,
+        "label": label,
+        "kind": "video",
+        "stream_index": stream.index,
+        "codec": stream.codec,
+        "pix_fmt": stream.pix_fmt,
+        "width": stream.width,
+        "height": stream.height,
+        "fps": stream.fps,
+        "bit_depth": stream.bit_depth,
+        "rotation_deg": stream.rotation_deg,
+        "frame_count": frame_count,
+        "audio_streams": audio_streams,
+    }
+
+
+def imu_member_entry(name: str, camera: str, sample_count: int) -> dict[str, object]:
+    """The IMU slice's entry in its clip's `streams` list (`frame_count` = its sample rows)."""
+    return {
+        "name": name,
+        "camera": camera,
+        "label": "imu",
+        "kind": "imu",
+        "frame_count": sample_count,
+    }
+
+
+def place_members(entries: Sequence[dict[str, object]], sizes: Sequence[int]) -> None:
+    """Set each entry's `offset_in_clip` (bytes from the first member's data, as the tar will
+    lay them out) and `length` (bytes), for members of these sizes written in this order."""
+    if len(entries) != len(sizes):
+        raise ValueError(f"{len(entries)} stream entries for {len(sizes)} member files")
+    for entry, offset, size in zip(entries, member_offsets(sizes), sizes, strict=True):
+        entry["offset_in_clip"] = offset
+        entry["length"] = size
+
+
+def clip_metadata(
+    validated: EpisodeValidated,
+    clip_index: int,
+    window_s: tuple[float, float],
+    frame_count: int,
+    first_frame: int,
+    streams: Sequence[dict[str, object]],
+) -> dict[str, object]:
+    """A clip's `.json` member (docs/formats.md): the episode's facts, the clip's window on the
+    episode clock (seconds, rounded to microseconds), the main stream's frames in it
+    (`frame_count`, from `first_frame` of the episode's), and one entry per member."""
+    decoded = validated.decoded
+    episode = decoded.episode
+    primary = decoded.streams[decoded.primary_stream]
+    start, end = window_s
+    return {
+        "clip_key": clip_key(episode.episode_id, clip_index),
+        "episode_id": episode.episode_id,
+        "device_id": episode.device_id,
+        "session_id": episode.session_id,
+        "clip_index": clip_index,
+        "start_s": round(start, 6),
+        "duration_s": round(end - start, 6),
+        "frame_count": frame_count,
+        "first_frame": first_frame,
+        "fps": primary.fps,
+        "codec": primary.codec,
+        "width": primary.width,
+        "height": primary.height,
+        "raw_key": episode.video.key,
+        "raw_sha256": episode.video.sha256,
+        "pipeline_version": validated.pipeline_version,
+        "format_version": SHARD_FORMAT_VERSION,
+        "streams": list(streams),
+    }
+
+
+def encode_json(document: Mapping[str, object]) -> bytes:
+    """A clip's `.json` or a shard index as stored: keys sorted, so the bytes are deterministic."""
+    return json.dumps(document, sort_keys=True).encode()
+
+
+def clip_record(meta: Mapping[str, object], spans: Mapping[str, tuple[int, int]]) -> ClipRecord:
+    """The `shards.written` record of one clip: its `.json` metadata plus where each of its
+    members lies in the shard (`spans`: member name -> (byte offset, length))."""
+    key = str(meta["clip_key"])
+    mp4, js = spans[f"{key}.mp4"], spans[f"{key}.json"]
+    imu = spans.get(f"{key}.imu.npy")
+    return ClipRecord(
+        clip_key=key,
+        episode_id=str(meta["episode_id"]),
+        clip_index=int(str(meta["clip_index"])),
+        start_s=float(str(meta["start_s"])),
+        duration_s=float(str(meta["duration_s"])),
+        frame_count=int(str(meta["frame_count"])),
+        mp4_offset=mp4[0],
+        mp4_length=mp4[1],
+        imu_offset=imu[0] if imu else None,
+        imu_length=imu[1] if imu else None,
+        json_offset=js[0],
+        json_length=js[1],
+        members=[
+            ClipMember(
+                name=str(m["name"]),
+                camera=str(m["camera"]),
+                kind="imu" if m["kind"] == "imu" else "video",
+                stream_index=None if m.get("stream_index") is None else int(str(m["stream_index"])),
+                label=str(m["label"]),
+                codec=None if m.get("codec") is None else str(m["codec"]),
+                pix_fmt=None if m.get("pix_fmt") is None else str(m["pix_fmt"]),
+                offset=spans[str(m["name"])][0],
+                length=spans[str(m["name"])][1],
+                frame_count=int(str(m["frame_count"])),
+                audio_streams=int(str(m.get("audio_streams", 0))),
+            )
+            for m in cast(list[dict[str, object]], meta.get("streams", []))
+        ],
+    )
+
+
+def shard_index(
+    shard_key: str,
+    sha256: str,
+    size_bytes: int,
+    spans: Sequence[MemberSpan],
+    records: Sequence[ClipRecord],
+) -> dict[str, object]:
+    """The shard's index (`<sha256>.index.json` beside the tar, docs/formats.md): every member's
+    byte range and every clip's record, so a reader needs no tar scan."""
+    return {
+        "format": "egoline-shard-index",
+        "version": SHARD_FORMAT_VERSION,
+        "shard_key": shard_key,
+        "sha256": sha256,
+        "size_bytes": size_bytes,
+        "members": [{"name": s.name, "offset": s.offset, "length": s.length} for s in spans],
+        "clips": [r.model_dump() for r in records],
+    }

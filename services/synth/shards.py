@@ -24,8 +24,8 @@ import pyarrow as pa
 from numpy.typing import NDArray
 
 from services.common.objectstore import ObjectStore
-from services.manifest.build import with_metadata, write_ipc
 from services.manifest.query import ManifestFilter
+from services.manifest.write import with_metadata, write_ipc
 from services.media.av_io import remux_clips
 from services.shard.core import shard_keys, write_tar
 from services.synth.writer import plan_episodes, write_episode

@@ -26,9 +26,10 @@ from services.agent.runner import make_agent
 from services.cli import app
 from services.common.objectstore import object_store
 from services.common.settings import Settings
-from services.manifest.build import BuiltManifest, build_manifest, render
+from services.manifest.build import BuiltManifest, build_manifest
 from services.manifest.load import load_manifest, manifest_rows
 from services.manifest.query import ManifestFilter, build_query
+from services.manifest.snapshot import render
 from services.metadata.app import apply_batch
 from services.metadata.warehouse import make_engine, upgrade
 from services.stack.fleet import Fleet

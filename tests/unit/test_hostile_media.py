@@ -38,7 +38,8 @@ def check_in_child(path: str) -> dict[str, object]:
 
     from schemas.events import EpisodeRef, EpisodeUploaded, SourceFile
     from services.decode.core import decoded_event
-    from services.media.av_io import ProbeError, probe_container
+    from services.media.av_io import probe_container
+    from services.media.model import ProbeError
     from services.validate.app import validate_episode
     from services.validate.rules import RuleSet
 

@@ -13,12 +13,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 from sqlalchemy.dialects import postgresql
 
-from services.manifest import build
-from services.manifest.build import MANIFEST_COLUMNS, explode
+from services.manifest.explode import MANIFEST_COLUMNS, Exploder, explode
 from services.manifest.lineage import lineage_query, mismatches
 from services.manifest.load import load_manifest, with_clip_key
-from services.manifest.packing import FIELDS, PACKED_COLUMN, RECORD, pack, pack_sql, unpack
 from services.manifest.query import ManifestFilter, build_query, key_ranges, split_points
+from services.manifest.write import write_batches
+from services.metadata.packing import FIELDS, PACKED_COLUMN, RECORD, pack, pack_sql, unpack
 
 
 @given(st.lists(st.integers(min_value=-1, max_value=2**31 - 20), max_size=50))
@@ -195,8 +195,8 @@ def test_batches_cut_across_result_chunks_and_cache_runs_give_the_same_rows(
     # The query's result arrives in several chunks; the explode copies 2 records at a time.
     chunked = pa.concat_tables([episode_rows(episodes[i : i + 2]) for i in range(0, 9, 2)])
     assert chunked.column(PACKED_COLUMN).num_chunks == 5
-    monkeypatch.setattr(build, "CACHE_RECORDS", 2)
-    exploder = build.Exploder(chunked)
+    monkeypatch.setattr("services.manifest.explode.CACHE_RECORDS", 2)
+    exploder = Exploder(chunked)
     batches = list(exploder.batches(size=5))
     assert [b.num_rows for b in batches] == [5] * 7 + [1]
     got = pa.Table.from_batches(batches).to_pylist()
@@ -206,5 +206,5 @@ def test_batches_cut_across_result_chunks_and_cache_runs_give_the_same_rows(
     ]
     # Reused buffers (the write path): each batch is written before the next overwrites them.
     path = tmp_path / "reused.arrow"
-    build.write_batches(exploder.schema, exploder.batches(size=5, reuse=True), path)
+    write_batches(exploder.schema, exploder.batches(size=5, reuse=True), path)
     assert load_manifest(path).to_pylist() == got

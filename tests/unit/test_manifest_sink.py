@@ -15,8 +15,9 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as examples
 from hypothesis import strategies as st
 
-from services.manifest.build import BATCH_ROWS, write_ipc
+from services.manifest.explode import BATCH_ROWS
 from services.manifest.sink import ALIGN, HashingDirectSink
+from services.manifest.write import write_ipc
 
 PLACES = [Path("/dev/shm")] if Path("/dev/shm").is_dir() else []  # tmpfs: no O_DIRECT
 

@@ -11,12 +11,12 @@ import pytest
 from schemas.events import ReasonCode
 from services.decode.core import classify_unreadable
 from services.media.av_io import (
-    ProbeError,
     decode_frames,
     decode_keyframes,
     probe_container,
     remux_clips,
 )
+from services.media.model import ProbeError
 from services.shard.core import plan_clips
 from services.synth import scene
 from services.synth.writer import Defect

@@ -1,4 +1,5 @@
-"""Clip planning, bin-packing and the shard tar layout, without a broker or object store."""
+"""Clip planning, bin-packing, the shard tar layout, and each clip's JSON and the shard index,
+without a broker or object store."""
 
 from __future__ import annotations
 
@@ -13,13 +14,22 @@ import webdataset as wds
 from hypothesis import given
 from hypothesis import strategies as st
 
+from schemas.events import EpisodeValidated, Verdict
 from services.shard.core import (
     Member,
     build_tar,
+    clip_metadata,
+    clip_record,
+    encode_json,
+    imu_member_entry,
     pack_first_fit_decreasing,
+    place_members,
     plan_clips,
+    shard_index,
     shard_keys,
+    video_member_entry,
 )
+from tests.unit.test_rules import decoded
 
 
 def test_clips_start_on_keyframes_and_cover_the_episode() -> None:
@@ -103,3 +113,56 @@ def test_shard_keys_are_content_addressed() -> None:
 def test_capacity_must_be_positive() -> None:
     with pytest.raises(ValueError, match="capacity"):
         pack_first_fit_decreasing([1], 0)
+
+
+def test_clip_json_and_shard_index_say_where_every_member_lies() -> None:
+    # Given an accepted episode's second clip: its main video member and its IMU slice
+    validated = EpisodeValidated(
+        event_id="1" * 32,
+        produced_at=decoded().produced_at,
+        pipeline_version="v9",
+        decoded=decoded(),
+        verdict=Verdict.ACCEPT,
+    )
+    stream = validated.decoded.streams[0]
+    data = {"ep1_00001.mp4": b"v" * 700, "ep1_00001.imu.npy": b"i" * 100}
+    streams = [
+        video_member_entry("ep1_00001.mp4", "main", "main", stream, 300, 0),
+        imu_member_entry("ep1_00001.imu.npy", "main", 10),
+    ]
+    # When its JSON is built and the clip is written into a tar with the JSON last
+    place_members(streams, [len(b) for b in data.values()])
+    meta = clip_metadata(validated, 1, (10.0, 20.0000004), 300, 300, streams)
+    members = [Member(n, b) for n, b in data.items()] + [
+        Member("ep1_00001.json", encode_json(meta))
+    ]
+    tar, spans = build_tar(members)
+    by_name = {s.name: (s.offset, s.length) for s in spans}
+    record = clip_record(meta, by_name)
+    index = json.loads(encode_json(shard_index("k.tar", "f" * 64, len(tar), spans, [record])))
+    # Then the JSON names the clip and places each member relative to the first one's data
+    assert meta["clip_key"] == record.clip_key == "ep1_00001"
+    assert (meta["start_s"], meta["duration_s"], meta["first_frame"]) == (10.0, 10.0, 300)
+    assert meta["pipeline_version"] == "v9" and meta["raw_key"] == "raw/dev1/ep1/v.mp4"
+    first = spans[0].offset
+    for entry in streams:
+        offset, length = by_name[str(entry["name"])]
+        assert (entry["offset_in_clip"], entry["length"]) == (offset - first, length)
+        assert tar[offset : offset + length] == data[str(entry["name"])]
+    # and the record and the index give the same spans the tar has
+    assert (record.mp4_offset, record.imu_offset, record.json_offset) == (
+        by_name["ep1_00001.mp4"][0],
+        by_name["ep1_00001.imu.npy"][0],
+        by_name["ep1_00001.json"][0],
+    )
+    assert [m.kind for m in record.members] == ["video", "imu"]
+    assert index["members"] == [
+        {"name": s.name, "offset": s.offset, "length": s.length} for s in spans
+    ]
+    assert index["clips"] == [json.loads(record.model_dump_json())]
+    assert index["format"] == "egoline-shard-index" and index["size_bytes"] == len(tar)
+
+
+def test_place_members_refuses_entries_without_files() -> None:
+    with pytest.raises(ValueError, match="2 stream entries for 1 member files"):
+        place_members([imu_member_entry("a", "main", 1), imu_member_entry("b", "main", 1)], [5])

@@ -4,7 +4,7 @@ Revision ID: 0004
 Revises: 0003
 Create Date: 2026-12-03 03:20:00
 
-One `clips` column of 64-byte big-endian records (services/manifest/packing.py) replaces the
+One `clips` column of 64-byte big-endian records (services/metadata/packing.py) replaces the
 eleven per-field `c_*` columns: Postgres formats and ADBC parses each episode row field by field,
 so the manifest query sends 17 fields a row instead of 27.
 """

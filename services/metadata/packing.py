@@ -7,6 +7,9 @@ manifest's clips are then one zero-copy numpy array of records, each field byte-
 while copied out; no per-clip rows cross the wire or the parser, and each episode row carries
 one field for all of it (Postgres formats and ADBC parses per field). The same table generates
 the SQL that packs and the numpy record type that unpacks. Missing IMU ranges are stored as -1.
+
+The writer owns the format: the metadata service packs (services/metadata/core.py) and the
+manifest build unpacks, so manifest depends on this module and metadata never on manifest.
 """
 
 from __future__ import annotations
