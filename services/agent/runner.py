@@ -34,15 +34,16 @@ from services.common.stage import is_transient
 log = logging.getLogger("egoline.agent")
 
 
+EpisodeDone = Callable[[str, QueueState, str | None], None]
+
+
 @dataclass
 class Progress:
     """Callbacks for a progress display; all optional."""
 
     on_episode_start: Callable[[str, int], None] = lambda _episode, _total: None
     on_bytes: Callable[[str, int], None] = lambda _episode, _n: None
-    on_episode_done: Callable[[str, QueueState, str | None], None] = lambda _episode, _state, _why: (
-        None
-    )
+    on_episode_done: EpisodeDone = lambda _episode, _state, _why: None
 
 
 @dataclass
