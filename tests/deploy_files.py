@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from services.common.settings import Settings
+from services.common.settings import env_fields
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE_DIR = ROOT / "compose"
@@ -26,10 +26,10 @@ KEDA_SCHEMA = K8S_DIR / "schemas" / "keda-scaledobject-v1alpha1.json"
 SERVICES = ("decode", "validate", "shard", "metadata", "lag")
 
 # What a service talks to -> the settings it must be given (the endpoint and its credentials).
-KAFKA = frozenset({"kafka_bootstrap"})
-S3 = frozenset({"s3_endpoint", "s3_access_key", "s3_secret_key", "s3_bucket"})
+KAFKA = frozenset({"kafka.bootstrap"})
+S3 = frozenset({"s3.endpoint", "s3.access_key", "s3.secret_key", "s3.bucket"})
 POSTGRES = frozenset({"database_url"})
-CREDENTIALS = frozenset({"s3_access_key", "s3_secret_key", "database_url", "kafka_sasl_password"})
+CREDENTIALS = frozenset({"s3.access_key", "s3.secret_key", "database_url", "kafka.sasl_password"})
 
 
 def venv_tool(name: str) -> str:
@@ -78,16 +78,8 @@ def env_example() -> dict[str, str]:
 
 
 def settings_env_names() -> dict[str, str]:
-    """Every environment variable Settings reads -> its field (prefix + name, and aliases)."""
-    prefix = str(Settings.model_config.get("env_prefix", ""))
-    names: dict[str, str] = {}
-    for field, info in Settings.model_fields.items():
-        names[(prefix + field).upper()] = field
-        alias = info.validation_alias
-        choices = getattr(alias, "choices", None)
-        for choice in choices or ([alias] if isinstance(alias, str) else []):
-            names[str(choice).upper()] = field
-    return names
+    """Every environment variable Settings reads -> its field's dotted path."""
+    return {env: path for env, (path, _) in env_fields().items()}
 
 
 def module_file(module: str) -> Path | None:

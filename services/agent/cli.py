@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 
 from services.common.output import err, print_json_line
-from services.common.settings import get_settings
+from services.common.settings import get_device_settings
 
 if TYPE_CHECKING:
     from rich.progress import Progress as RichProgress
@@ -61,7 +61,7 @@ def _agent(progress: AgentProgress) -> Agent:
     from services.agent.runner import make_agent
     from services.common.objectstore import object_store
 
-    settings = get_settings()
+    settings = get_device_settings()
     return make_agent(settings, object_store(settings), progress)
 
 
@@ -105,7 +105,7 @@ def agent_status(
 
     from services.agent.journal import Journal
 
-    journal = Journal(get_settings().agent_state_dir / "journal.sqlite")
+    journal = Journal(get_device_settings().agent.state_dir / "journal.sqlite")
     rows = journal.episodes()
     if not as_json:
         table = Table(title="egoline agent")

@@ -28,7 +28,7 @@ from services.agent.recordings import AgentInputError, describe, find_ready
 from services.common import kafka
 from services.common.objectstore import ObjectStore
 from services.common.retry import backoff_delay
-from services.common.settings import Settings
+from services.common.settings import DeviceSettings
 from services.common.stage import is_transient
 
 log = logging.getLogger("egoline.agent")
@@ -48,7 +48,7 @@ class Progress:
 
 @dataclass
 class Agent:
-    settings: Settings
+    settings: DeviceSettings
     store: ObjectStore
     journal: Journal
     producer: Producer
@@ -60,17 +60,17 @@ class Agent:
     uploader: Uploader = field(init=False)
 
     def __post_init__(self) -> None:
-        part = self.settings.agent_part_size_mb * 1024 * 1024
-        rate = self.settings.agent_bandwidth_mb_s
+        part = self.settings.agent.part_size_mb * 1024 * 1024
+        rate = self.settings.agent.bandwidth_mb_s
         if rate is not None:  # one bucket shared by every upload thread
             self.limiter = TokenBucket(rate * 1024 * 1024, burst=part)
         self.uploader = Uploader(
             store=self.store,
             journal=self.journal,
             part_size=part,
-            concurrency=self.settings.agent_upload_concurrency,
+            concurrency=self.settings.agent.upload_concurrency,
             limiter=self.limiter,
-            retry_max_s=self.settings.agent_retry_max_s,
+            retry_max_s=self.settings.agent.retry_max_s,
         )
 
     # --- queueing ------------------------------------------------------------------------
@@ -86,7 +86,7 @@ class Agent:
 
     def scan(self, root: Path) -> int:
         ready = find_ready(
-            root, self.settings.agent_ready_mode, self.settings.agent_stable_s, time.time()
+            root, self.settings.agent.ready_mode, self.settings.agent.stable_s, time.time()
         )
         return self.enqueue(ready)
 
@@ -96,7 +96,7 @@ class Agent:
         from parallel episodes, large ones from parallel parts); each event is handed to the
         producer as soon as its episode is complete."""
         rows = self.journal.due(time.time())
-        with ThreadPoolExecutor(self.settings.agent_upload_concurrency) as pool:
+        with ThreadPoolExecutor(self.settings.agent.upload_concurrency) as pool:
             futures = []
             for row in rows:
                 if stop is not None and stop.is_set():
@@ -181,7 +181,7 @@ class Agent:
 
     def _after_publish(self, queue_id: str) -> None:
         """Remove or archive the local copy, only now that the event is acknowledged."""
-        mode = self.settings.agent_after_publish
+        mode = self.settings.agent.after_publish
         row = self.journal.episode(queue_id)
         if mode == "keep" or row is None:
             return
@@ -190,7 +190,7 @@ class Agent:
             shutil.rmtree(directory, ignore_errors=True)
             self.journal.set_state(queue_id, QueueState.DELETED)
         else:
-            archive = self.settings.agent_archive_dir or directory.parent / ".archive"
+            archive = self.settings.agent.archive_dir or directory.parent / ".archive"
             archive.mkdir(parents=True, exist_ok=True)
             shutil.move(str(directory), str(archive / directory.name))
             self.journal.set_state(queue_id, QueueState.ARCHIVED)
@@ -208,30 +208,30 @@ class Agent:
             self.scan(root)
             self.process_due(stop)
             self.publish(timeout_s=1.0)
-            stop.wait(self.settings.agent_poll_s)
+            stop.wait(self.settings.agent.poll_s)
         self.publish(timeout_s=10.0)
         self.producer.flush(10)
 
 
 def make_agent(
-    settings: Settings,
+    settings: DeviceSettings,
     store: ObjectStore,
     progress: Progress | None = None,
     producer: Producer | None = None,
 ) -> Agent:
     """An agent on its own journal; `producer` is shared if given (one per process: each new
     one opens its own broker connections and idempotent-producer id)."""
-    journal = Journal(settings.agent_state_dir / "journal.sqlite")
+    journal = Journal(settings.agent.state_dir / "journal.sqlite")
     return Agent(
         settings, store, journal, producer or make_producer(settings), progress or Progress()
     )
 
 
-def make_producer(settings: Settings) -> Producer:
+def make_producer(settings: DeviceSettings) -> Producer:
     return Producer(
         {
             **kafka.producer_config(settings),
             # keep trying to deliver through broker outages; the journal holds the event anyway
-            "message.timeout.ms": int(settings.agent_message_timeout_s * 1000),
+            "message.timeout.ms": int(settings.agent.message_timeout_s * 1000),
         }
     )

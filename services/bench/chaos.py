@@ -229,9 +229,7 @@ def run_chaos(
         log(f"synthesised {len(dirs)} episodes ({sum(1 for d in truth.values() if d)} defective)")
         rng.shuffle(dirs)
         shutil.rmtree(work / "agent", ignore_errors=True)
-        agent = make_agent(
-            settings.model_copy(update={"agent_state_dir": work / "agent"}), store, AgentProgress()
-        )
+        agent = make_agent(settings.for_agent(work / "agent"), store, AgentProgress())
         faults = fault_schedule(config, rng)
         log(f"faults, in order: {', '.join(faults)}")
         # Kills go round the stages in a shuffled order, so every stage is killed (K >= 4).

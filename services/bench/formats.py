@@ -384,7 +384,7 @@ def run_formats(
     fleet.start_all()
     try:
         fleet.wait_ready()
-        agent = make_agent(settings.model_copy(update={"agent_state_dir": work / "agent"}), store)
+        agent = make_agent(settings.for_agent(work / "agent"), store)
         counts = agent.run_once([directory for _, directory, _ in cases], 60.0)
         log(f"agent: {counts}")
         published = [eid for eid, (_, d, _) in ids.items() if (d / COMPLETION_MARKER).exists()]

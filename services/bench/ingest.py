@@ -194,7 +194,7 @@ def bench_ingest(
     fleet = Fleet(work / "logs", env={"EGOLINE_START_JITTER_S": "0"})
     shutil.rmtree(work / "agent", ignore_errors=True)
     agent = make_agent(
-        settings.model_copy(update={"agent_state_dir": work / "agent"}),
+        settings.for_agent(work / "agent"),
         object_store(settings),
         AgentProgress(),
     )

@@ -113,13 +113,13 @@ def bench_upload(
     settings: Settings, size_mb: int, log: Callable[[str], None], rounds: int = 6
 ) -> dict[str, Any]:
     store = object_store(settings)
-    part_size = settings.agent_part_size_mb * MB
+    part_size = settings.agent.part_size_mb * MB
     root = Path(tempfile.mkdtemp(prefix="egoline-bench-upload-"))
     try:
         folder = write_recording(root / "episodes", size_mb)
         video = folder / "video.mp4"
         warmup = f"bench/warmup/{uuid.uuid4().hex}"
-        store.client.fput_object(settings.s3_bucket, warmup, str(video), part_size=part_size)
+        store.client.fput_object(settings.s3.bucket, warmup, str(video), part_size=part_size)
         store.delete(warmup)
         baseline_s: list[float] = []
         agent_s: list[float] = []
@@ -128,13 +128,13 @@ def bench_upload(
         def run_baseline() -> None:
             key = f"bench/baseline/{uuid.uuid4().hex}"
             started = time.perf_counter()
-            store.client.fput_object(settings.s3_bucket, key, str(video), part_size=part_size)
+            store.client.fput_object(settings.s3.bucket, key, str(video), part_size=part_size)
             baseline_s.append(time.perf_counter() - started)
             store.delete(key)
 
         def run_agent() -> None:
             state = root / f"agent-{len(agent_s)}"
-            agent_settings = settings.model_copy(update={"agent_state_dir": state})
+            agent_settings = settings.for_agent(state)
             agent = make_agent(agent_settings, store, producer=producer)
             started = time.perf_counter()
             counts = agent.run_once([folder], 60.0)
@@ -161,8 +161,8 @@ def bench_upload(
     baseline = size_mb / statistics.median(baseline_s)
     return {
         "mb": size_mb,
-        "part_mb": settings.agent_part_size_mb,
-        "concurrency": settings.agent_upload_concurrency,
+        "part_mb": settings.agent.part_size_mb,
+        "concurrency": settings.agent.upload_concurrency,
         "rounds": rounds,
         "mb_s": round(mb_s, 1),
         "baseline_mb_s": round(baseline, 1),

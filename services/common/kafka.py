@@ -10,36 +10,36 @@ from typing import Any
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
-from services.common.settings import Settings
+from services.common.settings import DeviceSettings, Settings
 
 
-def client_config(settings: Settings) -> dict[str, Any]:
+def client_config(settings: DeviceSettings) -> dict[str, Any]:
     """librdkafka settings shared by producers, consumers and the admin client."""
     config: dict[str, Any] = {
-        "bootstrap.servers": settings.require("kafka_bootstrap"),
-        "security.protocol": settings.kafka_security_protocol.lower(),
+        "bootstrap.servers": settings.require("kafka.bootstrap"),
+        "security.protocol": settings.kafka.security_protocol.lower(),
         # Brokers (and Tansu after ~2.5 s) close idle connections; clients reconnect by
         # themselves, so the per-close log line is noise.
         "log.connection.close": False,
     }
     for option, value in (
-        ("ssl.ca.location", settings.kafka_ssl_ca_location),
-        ("ssl.certificate.location", settings.kafka_ssl_certificate_location),
-        ("ssl.key.location", settings.kafka_ssl_key_location),
+        ("ssl.ca.location", settings.kafka.ssl_ca_location),
+        ("ssl.certificate.location", settings.kafka.ssl_certificate_location),
+        ("ssl.key.location", settings.kafka.ssl_key_location),
     ):
         if value:
             config[option] = value
-    if settings.kafka_ssl_key_password is not None:
-        config["ssl.key.password"] = settings.kafka_ssl_key_password.get_secret_value()
-    if settings.kafka_sasl_mechanism:
-        config["sasl.mechanism"] = settings.kafka_sasl_mechanism
-        config["sasl.username"] = settings.kafka_sasl_username or ""
-        if settings.kafka_sasl_password is not None:
-            config["sasl.password"] = settings.kafka_sasl_password.get_secret_value()
+    if settings.kafka.ssl_key_password is not None:
+        config["ssl.key.password"] = settings.kafka.ssl_key_password.get_secret_value()
+    if settings.kafka.sasl_mechanism:
+        config["sasl.mechanism"] = settings.kafka.sasl_mechanism
+        config["sasl.username"] = settings.kafka.sasl_username or ""
+        if settings.kafka.sasl_password is not None:
+            config["sasl.password"] = settings.kafka.sasl_password.get_secret_value()
     return config
 
 
-def producer_config(settings: Settings) -> dict[str, Any]:
+def producer_config(settings: DeviceSettings) -> dict[str, Any]:
     """An idempotent producer: retries never duplicate a record within a partition."""
     return {
         **client_config(settings),
@@ -49,20 +49,20 @@ def producer_config(settings: Settings) -> dict[str, Any]:
     }
 
 
-def consumer_config(settings: Settings, group_id: str) -> dict[str, Any]:
+def consumer_config(settings: DeviceSettings, group_id: str) -> dict[str, Any]:
     """A consumer that commits only what the caller stores/commits explicitly."""
     return {
         **client_config(settings),
         "group.id": group_id,
         "enable.auto.commit": False,
         "auto.offset.reset": "earliest",
-        "session.timeout.ms": settings.kafka_session_timeout_ms,
-        "heartbeat.interval.ms": settings.kafka_heartbeat_interval_ms,
-        "partition.assignment.strategy": settings.kafka_assignment_strategy,
+        "session.timeout.ms": settings.kafka.session_timeout_ms,
+        "heartbeat.interval.ms": settings.kafka.heartbeat_interval_ms,
+        "partition.assignment.strategy": settings.kafka.assignment_strategy,
     }
 
 
-def admin_client(settings: Settings) -> AdminClient:
+def admin_client(settings: DeviceSettings) -> AdminClient:
     return AdminClient(client_config(settings))
 
 

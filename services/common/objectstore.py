@@ -18,7 +18,7 @@ from minio.deleteobjects import DeleteObject
 from minio.error import S3Error
 
 from services.common.retry import backoff_delay
-from services.common.settings import Settings
+from services.common.settings import DeviceSettings
 
 READ_ATTEMPTS = 5  # a GET whose body is cut off is sent again this many times in all
 
@@ -231,12 +231,12 @@ class ObjectStore:
         return len(targets)
 
 
-def minio_client(settings: Settings) -> Minio:
-    endpoint = settings.require("s3_endpoint")
+def minio_client(settings: DeviceSettings) -> Minio:
+    endpoint = settings.require("s3.endpoint")
     parsed = urlparse(endpoint if "://" in endpoint else f"http://{endpoint}")
-    tls: dict[str, Any] = {"cert_reqs": "CERT_REQUIRED" if settings.s3_tls_verify else "CERT_NONE"}
-    if settings.s3_ca_bundle:
-        tls["ca_certs"] = settings.s3_ca_bundle
+    tls: dict[str, Any] = {"cert_reqs": "CERT_REQUIRED" if settings.s3.tls_verify else "CERT_NONE"}
+    if settings.s3.ca_bundle:
+        tls["ca_certs"] = settings.s3.ca_bundle
     http = urllib3.PoolManager(
         maxsize=16,
         timeout=urllib3.Timeout(connect=5, read=120),
@@ -245,15 +245,15 @@ def minio_client(settings: Settings) -> Minio:
     )
     return Minio(
         parsed.netloc,
-        access_key=settings.s3_access_key.get_secret_value(),
-        secret_key=settings.s3_secret_key.get_secret_value(),
+        access_key=settings.s3.access_key.get_secret_value(),
+        secret_key=settings.s3.secret_key.get_secret_value(),
         secure=parsed.scheme == "https",
-        region=settings.s3_region,
+        region=settings.s3.region,
         http_client=http,
     )
 
 
-def object_store(settings: Settings) -> ObjectStore:
+def object_store(settings: DeviceSettings) -> ObjectStore:
     return ObjectStore(
-        minio_client(settings), settings.s3_bucket, settings.s3_part_size_mb * 1024 * 1024
+        minio_client(settings), settings.s3.bucket, settings.s3.part_size_mb * 1024 * 1024
     )

@@ -24,12 +24,12 @@ def redact_url(text: str) -> str:
 
 def secret_values(settings: Settings) -> list[str]:
     """Every credential the settings hold, as plain strings (to look for, never to print)."""
-    values = [settings.s3_secret_key.get_secret_value()]
-    for secret in (settings.kafka_sasl_password, settings.kafka_ssl_key_password):
+    values = [settings.s3.secret_key.get_secret_value()]
+    for secret in (settings.kafka.sasl_password, settings.kafka.ssl_key_password):
         if secret is not None:
             values.append(secret.get_secret_value())
-    if settings.database_url:
-        password = urlsplit(settings.database_url).password
+    if settings.database_dsn is not None:
+        password = urlsplit(settings.database_dsn).password
         if password:
             values.append(password)
     return [v for v in values if len(v) >= 4]  # a 1-3 character "secret" would mask noise

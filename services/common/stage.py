@@ -176,7 +176,7 @@ def make_broker(settings: Settings, service: str, **kwargs: Any) -> KafkaBroker:
     """The faststream broker of one service: idempotent producer, shared client config."""
     config = {k: v for k, v in client_config(settings).items() if k not in ("bootstrap.servers",)}
     return KafkaBroker(
-        settings.require("kafka_bootstrap"),
+        settings.require("kafka.bootstrap"),
         client_id=f"egoline-{service}",
         config=config,  # type: ignore[arg-type]
         enable_idempotence=True,
@@ -212,9 +212,9 @@ def subscriber_options(settings: Settings, group_id: str, batch: bool = False) -
         "decoder": keep_raw,
         "ack_policy": AckPolicy.MANUAL,
         "auto_offset_reset": "earliest",
-        "session_timeout_ms": settings.kafka_session_timeout_ms,
-        "heartbeat_interval_ms": settings.kafka_heartbeat_interval_ms,
-        "partition_assignment_strategy": (settings.kafka_assignment_strategy,),
+        "session_timeout_ms": settings.kafka.session_timeout_ms,
+        "heartbeat_interval_ms": settings.kafka.heartbeat_interval_ms,
+        "partition_assignment_strategy": (settings.kafka.assignment_strategy,),
     }
 
 

@@ -19,9 +19,10 @@ def asyncapi_document() -> dict[str, object]:
 
     settings = Settings(
         _env_file=None,
-        kafka_bootstrap="kafka:9092",
+        embedded_stack=True,  # the document's example endpoints carry no real credentials
+        kafka={"bootstrap": "kafka:9092"},
         database_url="postgresql://egoline@postgres:5432/egoline",
-        s3_endpoint="http://minio:9000",
+        s3={"endpoint": "http://minio:9000"},
     )
     brokers = [
         build(settings).broker for build in (decode_app, validate_app, shard_app, metadata_app)

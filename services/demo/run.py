@@ -96,7 +96,7 @@ def run_demo(
         # publishing to a previous broker would skip the upload.
         shutil.rmtree(work_dir / "agent", ignore_errors=True)
         agent = make_agent(
-            settings.model_copy(update={"agent_state_dir": work_dir / "agent"}),
+            settings.for_agent(work_dir / "agent"),
             store,
             AgentProgress(
                 on_episode_done=lambda _q, state, _why: (

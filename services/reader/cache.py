@@ -56,6 +56,6 @@ class ClipCache:
 def clip_cache(settings: Settings, store: ObjectStore) -> ClipCache:
     """The node's clip cache as configured (`EGOLINE_READER_CACHE_DIR`, `_MB`)."""
     return ClipCache(
-        LocalCache(settings.reader_cache_dir, settings.reader_cache_mb * 1024 * 1024, "clips"),
+        LocalCache(settings.reader.cache_dir, settings.reader.cache_mb * 1024 * 1024, "clips"),
         store,
     )

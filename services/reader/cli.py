@@ -22,13 +22,13 @@ def cache_stats() -> None:
     from services.common.localcache import LocalCache
 
     settings = get_settings()
-    cache = LocalCache(settings.reader_cache_dir, settings.reader_cache_mb * 1024 * 1024, "clips")
+    cache = LocalCache(settings.reader.cache_dir, settings.reader.cache_mb * 1024 * 1024, "clips")
     usage = cache.usage()
     err.print(
-        f"{settings.reader_cache_dir}: {usage.entries} entries, "
+        f"{settings.reader.cache_dir}: {usage.entries} entries, "
         f"{usage.bytes / 2**20:.1f} of {usage.cap_bytes / 2**20:.0f} MiB"
     )
-    print_json_line({"directory": str(settings.reader_cache_dir), **asdict(usage)})
+    print_json_line({"directory": str(settings.reader.cache_dir), **asdict(usage)})
 
 
 @cache_app.command("clear")
@@ -37,8 +37,8 @@ def cache_clear() -> None:
     from services.common.localcache import LocalCache
 
     settings = get_settings()
-    cache = LocalCache(settings.reader_cache_dir, settings.reader_cache_mb * 1024 * 1024, "clips")
-    print_json_line({"directory": str(settings.reader_cache_dir), "removed": cache.clear()})
+    cache = LocalCache(settings.reader.cache_dir, settings.reader.cache_mb * 1024 * 1024, "clips")
+    print_json_line({"directory": str(settings.reader.cache_dir), "removed": cache.clear()})
 
 
 @cache_app.command("warm")

@@ -198,7 +198,7 @@ def open_reader(
         table,
         cache,
         seed=seed,
-        shuffle_buffer=settings.reader_shuffle_buffer if shuffle_buffer is None else shuffle_buffer,
-        prefetch=settings.reader_prefetch_clips if prefetch is None else prefetch,
+        shuffle_buffer=settings.reader.shuffle_buffer if shuffle_buffer is None else shuffle_buffer,
+        prefetch=settings.reader.prefetch_clips if prefetch is None else prefetch,
         decode=decode,
     )

@@ -110,15 +110,28 @@ class CutMember:
 
 
 @dataclass(frozen=True)
-class SpooledClip:
-    """A cut clip waiting on local disk: its metadata and its member files, in tar order."""
+class ClipFile:
+    """One member of a spooled clip: its name in the tar, the file holding it, its bytes."""
 
+    name: str
+    path: Path
+    size: int
+
+
+@dataclass(frozen=True)
+class SpooledClip:
+    """A cut clip waiting on local disk: whose it is, its metadata (the member `.json`) and its
+    member files, in tar order."""
+
+    episode_id: str
+    clip_index: int
     meta: dict[str, object]
-    members: list[tuple[str, str, int]]  # (member name, path, size)
+    members: list[ClipFile]
 
     @property
     def size(self) -> int:
-        return sum(size + TAR_OVERHEAD for _, _, size in self.members)
+        """Bytes it takes in a shard (each member with its tar header and padding, at most)."""
+        return sum(m.size + TAR_OVERHEAD for m in self.members)
 
 
 @dataclass(frozen=True)
@@ -337,7 +350,14 @@ def _spool_clips(
         json_path = spool / f"{key}.json"
         json_path.write_bytes(encode_json(meta))
         files.append((f"{key}.json", json_path))
-        out.append(SpooledClip(meta, [(n, str(p), p.stat().st_size) for n, p in files]))
+        out.append(
+            SpooledClip(
+                episode_id=episode.episode_id,
+                clip_index=index,
+                meta=meta,
+                members=[ClipFile(n, p, p.stat().st_size) for n, p in files],
+            )
+        )
         first_frame += primary_frames[index]
     return out
 
@@ -358,9 +378,9 @@ def write_shard(
     path = scratch / f"shard-{uuid.uuid4().hex}.tar"
     with contextlib.ExitStack() as stack, path.open("w+b") as sink:
         sources = [
-            (name, size, stack.enter_context(Path(file).open("rb")))
+            (m.name, m.size, stack.enter_context(m.path.open("rb")))
             for clip in clips
-            for name, file, size in clip.members
+            for m in clip.members
         ]
         spans = write_tar(sink, sources)
         sink.seek(0)
@@ -401,13 +421,13 @@ def pack_and_write(
     mark each episode with the events of its shards. Returns the events to publish."""
     clips = sorted(
         (clip for cut in cuts for clip in cut.clips),
-        key=lambda c: (str(c.meta["episode_id"]), int(str(c.meta["clip_index"]))),
+        key=lambda c: (c.episode_id, c.clip_index),
     )
     refs = {cut.episode.episode_id: cut.episode for cut in cuts}
     events: list[ShardsWritten] = []
     for indexes in pack_first_fit_decreasing([c.size for c in clips], target_bytes):
         chosen = [clips[i] for i in indexes]
-        members = sorted({str(c.meta["episode_id"]) for c in chosen})
+        members = sorted({c.episode_id for c in chosen})
         events.append(
             write_shard(store, chosen, [refs[e] for e in members], pipeline_version, scratch)
         )
@@ -439,7 +459,7 @@ def split_covered(
         episode_id = cut.episode.episode_id
         theirs = [e for e in replayed if any(c.episode_id == episode_id for c in e.clips)]
         held = {c.clip_index for e in theirs for c in e.clips if c.episode_id == episode_id}
-        if held and held >= {int(str(c.meta["clip_index"])) for c in cut.clips}:
+        if held and held >= {c.clip_index for c in cut.clips}:
             covered[episode_id] = theirs
         else:
             todo.append(cut)
@@ -470,7 +490,7 @@ def build_stage(settings: Settings, store: ObjectStore) -> Stage[ShardJob, CutEp
         finally:
             for cut in cuts:
                 for clip in cut.clips:
-                    shutil.rmtree(Path(clip.members[0][1]).parent, ignore_errors=True)
+                    shutil.rmtree(clip.members[0].path.parent, ignore_errors=True)
         unique = {e.event_id: e for e in [*fresh, *replayed]}
         return Finished([Output(TOPIC_SHARDS, e, e.shard_sha256) for e in unique.values()])
 

@@ -96,9 +96,9 @@ def retry_until(probe: Callable[[], T], timeout_s: float, interval_s: float = 0.
 def check(settings: Settings, timeout_s: float = 0.0) -> dict[str, Health]:
     """Probe all three services; with a timeout, keep retrying each until it passes."""
     probes: dict[str, tuple[str | None, Callable[[], None]]] = {
-        "kafka": (settings.kafka_bootstrap, lambda: kafka_round_trip(settings)),
-        "postgres": (settings.database_url, lambda: postgres_query(settings)),
-        "s3": (settings.s3_endpoint, lambda: s3_round_trip(settings)),
+        "kafka": (settings.kafka.bootstrap, lambda: kafka_round_trip(settings)),
+        "postgres": (settings.database_dsn, lambda: postgres_query(settings)),
+        "s3": (settings.s3.endpoint, lambda: s3_round_trip(settings)),
     }
     report: dict[str, Health] = {}
     for name, (endpoint, probe) in probes.items():

@@ -100,9 +100,11 @@ class Stack:
         if "s3" in state:
             lines.append(f"EGOLINE_S3_ENDPOINT={state['s3'].endpoint}")
             if state["s3"].started_by_us:
-                # moto accepts any credentials; these are the embedded stack's own, not secrets.
-                lines.append(f"EGOLINE_S3_ACCESS_KEY={settings.s3_access_key.get_secret_value()}")
-                lines.append(f"EGOLINE_S3_SECRET_KEY={settings.s3_secret_key.get_secret_value()}")
+                # moto accepts any credentials; these are the embedded stack's own, not secrets
+                # (and the settings accept the built-in ones only with this flag).
+                lines.append("EGOLINE_EMBEDDED_STACK=true")
+                lines.append(f"EGOLINE_S3_ACCESS_KEY={settings.s3.access_key.get_secret_value()}")
+                lines.append(f"EGOLINE_S3_SECRET_KEY={settings.s3.secret_key.get_secret_value()}")
         path = self.dir / ENDPOINTS_FILE
         path.write_text("\n".join(lines) + "\n")
         path.chmod(0o600)
@@ -118,9 +120,9 @@ class Stack:
         previous = self.read_state()
         state: dict[str, ServiceState] = {}
         external = {
-            "kafka": env_settings.kafka_bootstrap,
-            "postgres": env_settings.database_url,
-            "s3": env_settings.s3_endpoint,
+            "kafka": env_settings.kafka.bootstrap,
+            "postgres": env_settings.database_dsn,
+            "s3": env_settings.s3.endpoint,
         }
         fresh_embedded = False
         for name in SERVICES:

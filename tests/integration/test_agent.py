@@ -127,9 +127,7 @@ def test_broker_paused_during_publish_gives_exactly_one_event(
     stack: Settings, tmp_path: Path
 ) -> None:
     folder, episode_id = make_episode(tmp_path / "rec", size_mb=1)
-    agent = make_agent(
-        stack.model_copy(update={"agent_state_dir": tmp_path / "agent"}), object_store(stack)
-    )
+    agent = make_agent(stack.for_agent(tmp_path / "agent"), object_store(stack))
     agent.enqueue([folder])
     agent.process_due()  # uploaded, event waiting in the outbox
     kafka_pid = Stack(stack.stack_dir).read_state()["kafka"].pid
@@ -151,17 +149,14 @@ def test_upload_completes_once_s3_is_back(
     stack: Settings, tmp_path: Path, fault_proxy: type[FaultProxy]
 ) -> None:
     folder, episode_id = make_episode(tmp_path / "rec", size_mb=12)
-    target = urlparse(stack.require("s3_endpoint"))
+    target = urlparse(stack.require("s3.endpoint"))
     proxy = fault_proxy((str(target.hostname), int(target.port or 80)))
     proxy.set_up(False)
-    settings = stack.model_copy(
-        update={
-            "agent_state_dir": tmp_path / "agent",
-            "s3_endpoint": f"http://127.0.0.1:{proxy.port}",
-            "agent_part_size_mb": 5,
-            "agent_retry_max_s": 60.0,
-        }
+    through_proxy = stack.s3.model_copy(update={"endpoint": f"http://127.0.0.1:{proxy.port}"})
+    tuned = stack.agent.model_copy(
+        update={"state_dir": tmp_path / "agent", "part_size_mb": 5, "retry_max_s": 60.0}
     )
+    settings = stack.for_agent().model_copy(update={"s3": through_proxy, "agent": tuned})
     agent = make_agent(settings, object_store(settings))
     runner = threading.Thread(target=agent.run_once, args=([folder], 30.0))
     runner.start()

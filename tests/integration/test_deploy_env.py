@@ -43,11 +43,11 @@ pytestmark = pytest.mark.connected
 
 # compose value -> this stack's, for the endpoint and credential variables only
 ENDPOINTS = {
-    "EGOLINE_KAFKA_BOOTSTRAP": "kafka_bootstrap",
-    "EGOLINE_S3_ENDPOINT": "s3_endpoint",
-    "EGOLINE_S3_ACCESS_KEY": "s3_access_key",
-    "EGOLINE_S3_SECRET_KEY": "s3_secret_key",
-    "EGOLINE_S3_BUCKET": "s3_bucket",
+    "EGOLINE_KAFKA_BOOTSTRAP": "kafka.bootstrap",
+    "EGOLINE_S3_ENDPOINT": "s3.endpoint",
+    "EGOLINE_S3_ACCESS_KEY": "s3.access_key",
+    "EGOLINE_S3_SECRET_KEY": "s3.secret_key",
+    "EGOLINE_S3_BUCKET": "s3.bucket",
 }
 
 
@@ -56,7 +56,8 @@ def container_env(stack: Settings, stack_dir: Path, port: int) -> dict[str, str]
     swapped = set()
     for name, field in ENDPOINTS.items():
         if name in env:
-            value = getattr(stack, field)
+            group, _, name_in_group = field.partition(".")
+            value = getattr(getattr(stack, group), name_in_group)
             env[name] = value.get_secret_value() if hasattr(value, "get_secret_value") else value
             swapped.add(name)
     assert swapped == set(ENDPOINTS), f"compose no longer sets {set(ENDPOINTS) - swapped}"
@@ -65,6 +66,9 @@ def container_env(stack: Settings, stack_dir: Path, port: int) -> dict[str, str]
     env["EGOLINE_METRICS_HOST"] = "127.0.0.1"  # compose's 0.0.0.0 is for a container network
     env["EGOLINE_STACK_DIR"] = str(stack_dir)  # empty: the endpoints file can't help
     env["EGOLINE_START_JITTER_S"] = "0"
+    # The S3 here is the embedded emulator, and its built-in credentials are placeholders, which
+    # settings accept only with this flag (`stack up` writes it in the endpoints file).
+    env["EGOLINE_EMBEDDED_STACK"] = "true"
     # what the image provides, nothing from this test process's EGOLINE_* environment
     env |= {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(stack_dir)}
     return env

@@ -14,7 +14,6 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from schemas.events import TOPIC_VALIDATED, DlqRecord, dlq_topic
-from services.agent.runner import make_agent
 from services.common.objectstore import object_store
 from services.common.settings import Settings
 from services.metadata.gc import read_index_clips, stored_shards
@@ -23,7 +22,7 @@ from services.synth.realistic import write_realistic
 from tests.fixtures.http import http_get
 from tests.fixtures.kafka_read import read_topic
 from tests.fixtures.polling import wait_for
-from tests.fixtures.stack import episode_states
+from tests.fixtures.stack import device_agent, episode_states
 
 pytestmark = pytest.mark.connected
 
@@ -112,7 +111,7 @@ def test_a_full_spool_is_retried_not_dead_lettered_and_nothing_is_lost(
         dirs = write_realistic(tmp_path / "episodes", names, seed=seed)
         ids = [d.name for d in dirs]
         store = object_store(stack)
-        agent = make_agent(stack.model_copy(update={"agent_state_dir": tmp_path / "agent"}), store)
+        agent = device_agent(stack, tmp_path / "agent")
         agent.run_once(dirs, 30)
 
         wait_for(lambda: disk_errors(port) >= 2, 180, "ENOSPC retried at least twice")

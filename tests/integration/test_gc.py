@@ -15,7 +15,6 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from services.agent.runner import make_agent
 from services.common.objectstore import object_store
 from services.common.settings import Settings
 from services.metadata.gc import audit_shards, collect_shards
@@ -24,7 +23,7 @@ from services.shard.core import sha256_bytes, shard_keys
 from services.stack.fleet import Fleet
 from tests.fixtures.media import EpisodeFactory
 from tests.fixtures.polling import wait_for
-from tests.fixtures.stack import episode_states
+from tests.fixtures.stack import device_agent, episode_states
 
 pytestmark = pytest.mark.connected
 
@@ -51,7 +50,7 @@ def test_gc_finds_and_deletes_a_stray_duplicate_shard_and_nothing_else(
     seed = 3000 + int(time.time()) % 900
     dirs = episode_factory(1, seed=seed, duration_s=(8.0, 10.0))
     store = object_store(stack)
-    agent = make_agent(stack.model_copy(update={"agent_state_dir": tmp_path / "agent"}), store)
+    agent = device_agent(stack, tmp_path / "agent")
     agent.run_once(dirs, 30)
     episode_id = dirs[0].name
     wait_for(lambda: episode_states(stack, [episode_id]) == {episode_id: "sharded"}, 120, "shard")

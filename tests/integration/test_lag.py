@@ -18,9 +18,7 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from services.agent.runner import make_agent
 from services.common import kafka
-from services.common.objectstore import object_store
 from services.common.settings import Settings
 from services.lag.collector import OffsetReader
 from services.lag.monitor import LagMonitor
@@ -30,7 +28,7 @@ from tests.fixtures.http import http_get
 from tests.fixtures.lag import idle_group, produce, running_lag_service
 from tests.fixtures.media import EpisodeFactory
 from tests.fixtures.polling import wait_for
-from tests.fixtures.stack import episode_states
+from tests.fixtures.stack import device_agent, episode_states
 
 pytestmark = pytest.mark.connected
 
@@ -94,9 +92,7 @@ def test_a_paused_stage_lags_then_drains_to_ok(
     try:
         wait_for(lambda: lag_json(port).get("last_ok"), 30, "the lag service's first reading")
         dirs = episode_factory(4, seed=7000 + int(time.time()) % 900)
-        agent = make_agent(
-            stack.model_copy(update={"agent_state_dir": tmp_path / "agent"}), object_store(stack)
-        )
+        agent = device_agent(stack, tmp_path / "agent")
         # one episode first, so the decode group has committed offsets to measure from
         agent.run_once(dirs[:1], 30)
         wait_for(

@@ -22,7 +22,6 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from schemas.events import ALL_TOPICS, TOPIC_UPLOADED, EpisodeRef, EpisodeUploaded, SourceFile
-from services.agent.runner import make_agent
 from services.cli import app
 from services.common.objectstore import object_store
 from services.common.settings import Settings
@@ -37,7 +36,7 @@ from services.synth.writer import Defect
 from tests.fixtures.kafka_read import read_topic
 from tests.fixtures.media import EpisodeFactory
 from tests.fixtures.polling import wait_for
-from tests.fixtures.stack import FreshDatabase, episode_states
+from tests.fixtures.stack import FreshDatabase, device_agent, episode_states
 
 pytestmark = pytest.mark.connected
 
@@ -77,10 +76,7 @@ def ingested(
     dirs = episode_factory(
         3, seed=seed, duration_s=(4.5, 6.0), codecs=("h264", "h265"), defects=(Defect.NOT_VIDEO,)
     )
-    agent = make_agent(
-        stack.model_copy(update={"agent_state_dir": tmp_path_factory.mktemp("agent")}),
-        object_store(stack),
-    )
+    agent = device_agent(stack, tmp_path_factory.mktemp("agent"))
     assert agent.run_once(dirs, 60).get("published") == 3
     ids = [d.name for d in dirs]
     expected = {ids[0]: "dead_lettered", **{i: "sharded" for i in ids[1:]}}

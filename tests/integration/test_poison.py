@@ -26,15 +26,13 @@ from schemas.events import (
     TOPIC_VALIDATED,
     dlq_topic,
 )
-from services.agent.runner import make_agent
 from services.common import kafka
-from services.common.objectstore import object_store
 from services.common.settings import Settings
 from services.stack.fleet import Fleet
 from tests.fixtures.kafka_read import read_topic
 from tests.fixtures.media import EpisodeFactory
 from tests.fixtures.polling import wait_for
-from tests.fixtures.stack import episode_states
+from tests.fixtures.stack import device_agent, episode_states
 
 pytestmark = pytest.mark.connected
 
@@ -178,8 +176,7 @@ def test_poison_on_every_topic_is_dead_lettered_with_a_reason_and_consumers_keep
 ) -> None:
     seed = 3000 + int(time.time()) % 900
     template_dir, valid_dir = episode_factory(2, seed=seed, duration_s=(2.0, 3.0))
-    store = object_store(stack)
-    agent = make_agent(stack.model_copy(update={"agent_state_dir": tmp_path / "agent"}), store)
+    agent = device_agent(stack, tmp_path / "agent")
     agent.run_once([template_dir], 30)
     template_id = template_dir.name
     wait_for(

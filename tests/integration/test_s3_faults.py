@@ -15,14 +15,13 @@ from urllib.parse import urlparse
 import psycopg
 import pytest
 
-from services.agent.runner import make_agent
 from services.common.objectstore import object_store
 from services.common.settings import Settings
 from services.stack.fleet import Fleet
 from tests.fixtures.media import EpisodeFactory
 from tests.fixtures.polling import wait_for
 from tests.fixtures.proxy import FaultProxy
-from tests.fixtures.stack import episode_states
+from tests.fixtures.stack import device_agent, episode_states
 
 pytestmark = pytest.mark.connected
 
@@ -36,11 +35,13 @@ def test_writes_and_reads_finish_through_s3_faults_and_no_partial_shard_is_visib
     tmp_path: Path,
     fault_proxy: type[FaultProxy],
 ) -> None:
-    target = urlparse(stack.require("s3_endpoint"))
+    target = urlparse(stack.require("s3.endpoint"))
     proxy = fault_proxy((str(target.hostname), int(target.port or 80)))
     proxy.latency_s, proxy.reset_rate, proxy.http_503_rate = 0.001, 0.3, 0.3
     through_proxy = f"http://127.0.0.1:{proxy.port}"
-    faulty = stack.model_copy(update={"s3_endpoint": through_proxy})
+    faulty = stack.model_copy(
+        update={"s3": stack.s3.model_copy(update={"endpoint": through_proxy})}
+    )
     direct = object_store(stack)
 
     # Every shard write goes through the proxy: the fleet's shard stage is swapped for one whose
@@ -70,10 +71,7 @@ def test_writes_and_reads_finish_through_s3_faults_and_no_partial_shard_is_visib
         watcher.start()
         dirs = episode_factory(4, seed=int(time.time()) % 10_000 + 60_000, duration_s=(8, 12))
         ids = [d.name for d in dirs]
-        agent = make_agent(
-            faulty.model_copy(update={"agent_state_dir": tmp_path / "agent"}),
-            object_store(faulty),
-        )
+        agent = device_agent(faulty, tmp_path / "agent")
         assert agent.run_once(dirs, 60).get("published") == 4
         wait_for(
             lambda: set(episode_states(stack, ids).values()) == {"sharded"}, 240, "all sharded"

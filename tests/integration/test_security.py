@@ -13,15 +13,13 @@ import pytest
 from pydantic import SecretStr
 
 from schemas.events import ALL_TOPICS
-from services.agent.runner import make_agent
-from services.common.objectstore import object_store
 from services.common.redact import secret_values
 from services.common.settings import Settings
 from services.stack.fleet import Fleet
 from tests.fixtures.kafka_read import read_topic
 from tests.fixtures.media import EpisodeFactory
 from tests.fixtures.polling import wait_for
-from tests.fixtures.stack import episode_states
+from tests.fixtures.stack import device_agent, episode_states
 
 pytestmark = pytest.mark.connected
 
@@ -57,13 +55,18 @@ def credentialed(stack: Settings, fleet: Fleet, tmp_path: Path) -> Iterator[Sett
     fleet.start_all()
     fleet.wait_ready()
     try:
-        yield stack.model_copy(
-            update={
+        yield Settings(
+            _env_file=None,
+            **{
+                **stack.model_dump(exclude={"kafka"}),
+                "kafka": {
+                    **stack.kafka.model_dump(),
+                    "sasl_mechanism": "PLAIN",
+                    "sasl_username": env["EGOLINE_KAFKA_SASL_USERNAME"],
+                    "sasl_password": SecretStr(SASL_PASSWORD),
+                },
                 "database_url": env["EGOLINE_DATABASE_URL"],
-                "kafka_sasl_mechanism": "PLAIN",
-                "kafka_sasl_username": env["EGOLINE_KAFKA_SASL_USERNAME"],
-                "kafka_sasl_password": SecretStr(SASL_PASSWORD),
-            }
+            },
         )
     finally:
         fleet.stop()
@@ -81,12 +84,11 @@ def test_no_credential_reaches_a_log_or_an_event(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     secrets = secret_values(credentialed)
-    assert credentialed.s3_secret_key.get_secret_value() in secrets
+    assert credentialed.s3.secret_key.get_secret_value() in secrets
     assert DB_PASSWORD in secrets and SASL_PASSWORD in secrets
     dirs = episode_factory(2, seed=int(time.time()) % 10_000 + 40_000, duration_s=(4.5, 5.5))
     caplog.set_level(logging.DEBUG)
-    agent_settings = credentialed.model_copy(update={"agent_state_dir": tmp_path / "agent"})
-    agent = make_agent(agent_settings, object_store(agent_settings))
+    agent = device_agent(credentialed, tmp_path / "agent")
     assert agent.run_once(dirs, 60).get("published") == 2
     ids = [d.name for d in dirs]
     wait_for(lambda: set(episode_states(stack, ids).values()) == {"sharded"}, 120, "sharded")

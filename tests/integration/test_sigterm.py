@@ -13,13 +13,12 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from services.agent.runner import make_agent
 from services.common.objectstore import object_store
 from services.common.settings import Settings
 from services.stack.fleet import Fleet
 from tests.fixtures.media import EpisodeFactory
 from tests.fixtures.polling import wait_for
-from tests.fixtures.stack import episode_states
+from tests.fixtures.stack import device_agent, episode_states
 
 pytestmark = pytest.mark.connected
 
@@ -31,9 +30,7 @@ def test_sigterm_mid_batch_exits_cleanly_and_loses_nothing(
 ) -> None:
     dirs = episode_factory(6, seed=int(time.time()) % 10_000 + 50_000, duration_s=(4.5, 6.0))
     ids = [d.name for d in dirs]
-    agent = make_agent(
-        stack.model_copy(update={"agent_state_dir": tmp_path / "agent"}), object_store(stack)
-    )
+    agent = device_agent(stack, tmp_path / "agent")
     assert agent.run_once(dirs, 60).get("published") == 6
     # Stop the shard stage while the episodes are on their way to it (or in its batch).
     wait_for(

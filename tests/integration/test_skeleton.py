@@ -14,7 +14,6 @@ import webdataset as wds
 from confluent_kafka import Producer
 
 from schemas.events import TOPIC_UPLOADED
-from services.agent.runner import make_agent
 from services.common import kafka
 from services.common.objectstore import object_store
 from services.common.settings import Settings
@@ -28,7 +27,7 @@ from services.stack.fleet import Fleet
 from services.synth.writer import Defect
 from tests.fixtures.media import EpisodeFactory
 from tests.fixtures.polling import wait_for
-from tests.fixtures.stack import episode_states
+from tests.fixtures.stack import device_agent, episode_states
 
 pytestmark = pytest.mark.connected
 
@@ -43,7 +42,7 @@ def test_episodes_travel_every_stage_and_a_clip_reads_back_by_byte_range(
     bad, good = dirs[0], dirs[1:]
     ids = [d.name for d in dirs]
     store = object_store(stack)
-    agent = make_agent(stack.model_copy(update={"agent_state_dir": tmp_path / "agent"}), store)
+    agent = device_agent(stack, tmp_path / "agent")
     # A poison record in the middle of the stream: the decode stage must dead-letter it and go on.
     assert agent.run_once([good[0]], 30).get("published") == 1
     producer = Producer(kafka.producer_config(stack))

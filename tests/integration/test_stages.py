@@ -27,7 +27,6 @@ from schemas.events import (
     SourceFile,
     derive_event_id,
 )
-from services.agent.runner import make_agent
 from services.common import kafka
 from services.common.objectstore import ObjectStore, object_store
 from services.common.settings import Settings
@@ -37,7 +36,7 @@ from services.synth.writer import Defect
 from tests.fixtures.kafka_read import read_topic
 from tests.fixtures.media import EpisodeFactory
 from tests.fixtures.polling import wait_for
-from tests.fixtures.stack import episode_states
+from tests.fixtures.stack import device_agent, episode_states
 
 pytestmark = pytest.mark.connected
 
@@ -94,9 +93,7 @@ def test_every_defect_gets_its_own_reason_and_clean_episodes_still_flow(
     dirs = episode_factory(len(defects) + 2, seed=seed, defects=tuple(defects))
     by_defect = dict(zip(defects, dirs, strict=False))
     clean = dirs[len(defects) :]
-    agent = make_agent(
-        stack.model_copy(update={"agent_state_dir": tmp_path / "agent"}), object_store(stack)
-    )
+    agent = device_agent(stack, tmp_path / "agent")
     assert agent.run_once(dirs, 30).get("published") == len(dirs)
     zero_id = f"zero{seed}"
     publish_zero_byte_episode(stack, zero_id)
@@ -146,7 +143,7 @@ def test_redelivering_every_event_writes_no_new_objects_and_no_duplicate_clips(
     dirs = episode_factory(3, seed=seed, duration_s=(12.0, 16.0))
     ids = [d.name for d in dirs]
     store = object_store(stack)
-    agent = make_agent(stack.model_copy(update={"agent_state_dir": tmp_path / "agent"}), store)
+    agent = device_agent(stack, tmp_path / "agent")
     agent.run_once(dirs, 30)
     wait_for(lambda: set(episode_states(stack, ids).values()) == {"sharded"}, 120, "first pass")
     for group, topic in (
@@ -236,7 +233,7 @@ def test_a_worker_killed_mid_task_is_replaced_and_no_clip_is_lost_or_duplicated(
     seed = 9000 + int(time.time()) % 900
     dirs = episode_factory(4, seed=seed, duration_s=(20.0, 30.0))
     store = object_store(stack)
-    agent = make_agent(stack.model_copy(update={"agent_state_dir": tmp_path / "agent"}), store)
+    agent = device_agent(stack, tmp_path / "agent")
     ids = [d.name for d in dirs]
     agent.run_once(dirs, 30)
     # when a validate worker is inside a job (its scratch directory holds an open file) ...

@@ -133,7 +133,7 @@ def test_every_variable_a_service_reads_is_set_and_no_more_credentials() -> None
         assert "EGOLINE_STACK_DIR" not in env  # no endpoints-file fallback in a container
     init = services["init"]["environment"]
     assert {names[k] for k in init if k in names} >= {
-        "kafka_bootstrap", "database_url", "s3_endpoint", "s3_access_key", "s3_secret_key",
+        "kafka.bootstrap", "database_url", "s3.endpoint", "s3.access_key", "s3.secret_key",
         "topic_partitions",
     }  # fmt: skip
 

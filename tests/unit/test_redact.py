@@ -14,14 +14,19 @@ from services.common.settings import Settings
 
 
 def settings(**values: object) -> Settings:
-    base = {
-        "kafka_bootstrap": "k:9092",
-        "s3_endpoint": "https://s3.example:9000",
-        "database_url": "postgresql://egoline:pg-pass-123@db:5432/egoline",
-        "s3_secret_key": SecretStr("s3-secret-xyz"),
-        "kafka_sasl_password": SecretStr("sasl-pass-456"),
+    kafka = {"bootstrap": "k:9092", "sasl_password": SecretStr("sasl-pass-456")}
+    s3 = {
+        "endpoint": "https://s3.example:9000",
+        "access_key": "egoline-pipeline",
+        "secret_key": SecretStr("s3-secret-xyz"),
     }
-    return Settings(**{**base, **values})  # type: ignore[arg-type]
+    return Settings(
+        _env_file=None,
+        kafka={**kafka, **values.pop("kafka", {})},  # type: ignore[dict-item]
+        s3={**s3, **values.pop("s3", {})},  # type: ignore[dict-item]
+        database_url="postgresql://egoline:pg-pass-123@db:5432/egoline",
+        **values,  # type: ignore[arg-type]
+    )
 
 
 def test_urls_lose_their_password_and_nothing_else() -> None:
@@ -57,11 +62,13 @@ def test_every_configured_secret_is_redacted_from_a_log_record() -> None:
 
 def test_kafka_and_s3_tls_settings_reach_the_clients() -> None:
     cfg = settings(
-        kafka_security_protocol="SASL_SSL",
-        kafka_sasl_mechanism="SCRAM-SHA-512",
-        kafka_sasl_username="egoline",
-        kafka_ssl_ca_location="/etc/ssl/kafka-ca.pem",
-        s3_ca_bundle="/etc/ssl/minio-ca.pem",
+        kafka={
+            "security_protocol": "SASL_SSL",
+            "sasl_mechanism": "SCRAM-SHA-512",
+            "sasl_username": "egoline",
+            "ssl_ca_location": "/etc/ssl/kafka-ca.pem",
+        },
+        s3={"ca_bundle": "/etc/ssl/minio-ca.pem"},
     )
     config = kafka.client_config(cfg)
     assert config["security.protocol"] == "sasl_ssl"
