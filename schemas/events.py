@@ -260,6 +260,43 @@ class Verdict(StrEnum):
     REJECT = "reject"
 
 
+class StreamSignals(Model):
+    """Content signals of one video stream, from the frames validate decodes anyway (its
+    keyframes, at most one per `sample_s`), as columns: element i of each list is frame i.
+    Times are seconds from the stream's first pts; luma values are 0-255 (8-bit scale)."""
+
+    camera: CameraName
+    stream_index: int = Field(ge=0)
+    t_s: list[float] = Field(default_factory=list)
+    sharpness: list[float] = Field(
+        default_factory=list, description="variance of the Laplacian of the luma, 320 px wide"
+    )
+    mean_luma: list[float] = Field(default_factory=list)
+    std_luma: list[float] = Field(default_factory=list)
+    highlights: list[float] = Field(
+        default_factory=list, description="fraction of pixels clipped at the top (luma >= 250)"
+    )
+    shadows: list[float] = Field(
+        default_factory=list, description="fraction of pixels crushed at the bottom (luma <= 5)"
+    )
+    phash: list[str] = Field(
+        default_factory=list, description="64-bit DCT perceptual hash (OpenCV img_hash), hex"
+    )
+    still_spans_s: list[tuple[float, float]] = Field(
+        default_factory=list,
+        description="[start, end) spans whose inter frames the encoder coded as near-empty: a "
+        "frozen picture (read from packet sizes, no decoding)",
+    )
+
+
+class EpisodeSignals(Model):
+    """Content signals of an episode (curation): per video stream (depth streams excluded)."""
+
+    version: int = Field(default=1, ge=1, description="the signal algorithms' version")
+    sample_s: float = Field(gt=0, description="at most one signal frame per this many seconds")
+    streams: list[StreamSignals] = Field(default_factory=list)
+
+
 class EpisodeValidated(Event):
     """`episodes.validated`: the verdict with its reasons; carries the probe for the shard stage."""
 
@@ -268,6 +305,33 @@ class EpisodeValidated(Event):
     verdict: Verdict
     reasons: list[Finding] = Field(default_factory=list)
     warnings: list[Finding] = Field(default_factory=list)
+    signals: EpisodeSignals | None = Field(
+        default=None, description="content signals (curation); None from older validators"
+    )
+
+
+class ClipQuality(Model):
+    """A clip's content signals over its time span: raw values, so a threshold is applied when
+    a manifest is built and changing one never needs re-ingestion (docs/curation.md). Over
+    several color streams the worst counts (lowest sharpness, most clipped, most frozen)."""
+
+    sharpness: float | None = Field(
+        default=None, ge=0, description="median variance of the Laplacian of the sampled frames"
+    )
+    mean_luma: float | None = Field(default=None, ge=0, le=255)
+    highlights: float | None = Field(
+        default=None, ge=0, le=1, description="mean fraction of clipped highlights"
+    )
+    shadows: float | None = Field(
+        default=None, ge=0, le=1, description="mean fraction of crushed shadows"
+    )
+    frozen_fraction: float = Field(default=0.0, ge=0, le=1, description="share of time frozen")
+    blocked_fraction: float = Field(
+        default=0.0, ge=0, le=1, description="share of sampled frames dark and flat (lens covered)"
+    )
+    motion: float | None = Field(
+        default=None, ge=0, description="gyro RMS over the clip, rad/s (None: no IMU)"
+    )
 
 
 class ClipMember(Model):
@@ -306,6 +370,9 @@ class ClipRecord(Model):
     json_length: int = Field(gt=0)
     members: list[ClipMember] = Field(
         default_factory=list, description="every member but the JSON: each video stream, IMU"
+    )
+    quality: ClipQuality | None = Field(
+        default=None, description="content signals over the clip (None from older shards)"
     )
 
 

@@ -118,6 +118,32 @@ class ReaderSettings(_Group):
     )
 
 
+class CurationSettings(_Group):
+    """`EGOLINE_CURATION_*`: content signals and duplicates (docs/curation.md).
+
+    The frame-level ones (`sample_s`, `dark_luma`, `flat_std`, `still_bits_per_pixel`) shape
+    the signals the pipeline computes: changing them is a new pipeline version and a backfill.
+    The others are thresholds applied when a manifest is built, on the raw values stored:
+    changing them needs no re-ingestion."""
+
+    sample_s: float = Field(default=1.0, gt=0, description="at most one signal frame per this")
+    dark_luma: float = Field(default=24.0, ge=0, le=255, description="blocked: mean luma below")
+    flat_std: float = Field(default=6.0, ge=0, description="blocked: luma std below this")
+    still_bits_per_pixel: float = Field(
+        default=0.004, gt=0, description="an inter frame coded in fewer bits per pixel is still"
+    )
+    max_highlights: float = Field(default=0.2, ge=0, le=1, description="--exposure-ok bound")
+    max_shadows: float = Field(default=0.3, ge=0, le=1, description="--exposure-ok bound")
+    min_mean_luma: float = Field(default=30.0, ge=0, le=255, description="--exposure-ok bound")
+    max_mean_luma: float = Field(default=225.0, ge=0, le=255, description="--exposure-ok bound")
+    near_dup_max_hamming: int = Field(
+        default=10, ge=0, le=64, description="two frames' perceptual hashes this close match"
+    )
+    near_dup_min_shared: float = Field(
+        default=0.5, gt=0, le=1, description="share of the shorter episode's frames that match"
+    )
+
+
 def _is_placeholder(secret: SecretStr | str | None) -> bool:
     if secret is None:
         return False
@@ -243,6 +269,8 @@ class Settings(DeviceSettings):
 
     # --- training read path ----------------------------------------------------------------
     reader: ReaderSettings = ReaderSettings()
+    # --- curation: content signals and duplicates ----------------------------------------
+    curation: CurationSettings = CurationSettings()
 
     def _secrets(self) -> list[tuple[bool, SecretStr | str | None, str]]:
         password = None if self.database_url is None else self.database_url.hosts()[0]["password"]
