@@ -38,8 +38,7 @@ from services.decode.app import decode_episode
 from services.metadata.app import apply_batch
 from services.metadata.warehouse import make_engine
 from services.shard.app import ShardJob, cut_episode, pack_and_write
-from services.validate.app import validate_episode
-from services.validate.rules import RuleSet
+from services.validate.app import rules_from, validate_episode
 
 
 def local_fetch(store: ObjectStore, scratch: Path) -> Callable[[str, Path], None]:
@@ -78,7 +77,7 @@ def ingest_one(settings: Settings, store: ObjectStore, directory: Path, engine: 
         fetch = local_fetch(store, scratch)
         decoded = decode_episode(store, uploaded, settings.pipeline_version, fetch)
         events.append((TOPIC_DECODED, decoded))
-        validated = validate_episode(fetch, decoded, RuleSet(keep_audio=settings.keep_audio))
+        validated = validate_episode(fetch, decoded, rules_from(settings))
         events.append((TOPIC_VALIDATED, validated))
         if validated.verdict is not Verdict.REJECT:
             spool = scratch / "spool"

@@ -38,6 +38,7 @@ from services.media.model import (
     RemuxError,
     StreamProbe,
 )
+from services.media.signals import SIGNAL_WIDTH, SignalSampler, still_spans
 
 logging.getLogger("libav").setLevel(logging.CRITICAL)
 av.logging.set_level(av.logging.PANIC)
@@ -489,7 +490,12 @@ def _audio_probe(stream: _StreamMeta, entry: _PacketLog) -> AudioProbe:
 
 
 def decode_keyframes(
-    path: Path, stream_index: int, full: bool = False, salvage_limit_bytes: int | None = None
+    path: Path,
+    stream_index: int,
+    full: bool = False,
+    salvage_limit_bytes: int | None = None,
+    sampler: SignalSampler | None = None,
+    still_bits_per_pixel: float | None = None,
 ) -> KeyframeCheck:
     """Decode only the keyframes of one stream (or every frame when `full`).
 
@@ -499,12 +505,27 @@ def decode_keyframes(
     decoder still holds (B-frame reordering, frame threads, HEVC output bumping): a second pass
     then decodes each keyframe on its own (sent, drained, reset), so the verdict never depends on
     a decoder's output delay. A file cut short is checked up to its salvage limit.
+
+    Curation rides on the same pass: the decoded frames go to `sampler` (8-bit luma,
+    SIGNAL_WIDTH wide, times in seconds from the stream's first pts), and with
+    `still_bits_per_pixel` the packet sizes give the stream's still (frozen) spans.
     """
-    first = _keyframe_pass(path, stream_index, full, salvage_limit_bytes, isolated=False)
+    first = _keyframe_pass(
+        path, stream_index, full, salvage_limit_bytes, isolated=False, sampler=sampler
+    )
+    spans: list[tuple[float, float]] = []
+    if still_bits_per_pixel is not None and first.width and first.height:
+        spans = still_spans(
+            np.asarray(first.packet_t_s, dtype=np.float64),
+            np.asarray(first.packet_sizes, dtype=np.int64),
+            np.asarray(first.packet_key, dtype=np.bool_),
+            first.width * first.height,
+            still_bits_per_pixel,
+        )
     if full or first.failed or first.decoded >= first.keyframes:
-        return KeyframeCheck(first.decoded, first.failed, first.first_error)
+        return KeyframeCheck(first.decoded, first.failed, first.first_error, spans)
     second = _keyframe_pass(path, stream_index, full, salvage_limit_bytes, isolated=True)
-    return KeyframeCheck(second.decoded, second.failed, second.first_error)
+    return KeyframeCheck(second.decoded, second.failed, second.first_error, spans)
 
 
 @dataclass
@@ -513,15 +534,50 @@ class _PassResult:
     failed: int = 0
     keyframes: int = 0
     first_error: str | None = None
+    width: int = 0
+    height: int = 0
+    packet_t_s: list[float] = field(default_factory=list)
+    packet_sizes: list[int] = field(default_factory=list)
+    packet_key: list[bool] = field(default_factory=list)
+
+
+def _sample_frames(
+    frames: Iterable[av.VideoFrame],
+    sampler: SignalSampler | None,
+    base: Fraction | None,
+    origin_s: float,
+) -> None:
+    """Hand decoded frames to the sampler. Times from pts and the stream's time base: frames
+    drained at the end of a pass carry their pts but no time base (`frame.time` is NaN)."""
+    if sampler is None or base is None:
+        return
+    for frame in frames:
+        if frame.pts is None:
+            continue
+        t_s = float(frame.pts * base) - origin_s
+        if not sampler.wants(t_s):
+            continue
+        height = max(2, round(frame.height * SIGNAL_WIDTH / max(1, frame.width) / 2) * 2)
+        gray = frame.reformat(width=SIGNAL_WIDTH, height=height, format="gray")
+        sampler.add(t_s, np.asarray(gray.to_ndarray(), dtype=np.uint8))
 
 
 def _keyframe_pass(
-    path: Path, stream_index: int, full: bool, salvage_limit_bytes: int | None, isolated: bool
+    path: Path,
+    stream_index: int,
+    full: bool,
+    salvage_limit_bytes: int | None,
+    isolated: bool,
+    sampler: SignalSampler | None = None,
 ) -> _PassResult:
     result = _PassResult()
     with av.open(str(path)) as container:
         stream = cast(VideoStream, container.streams[stream_index])
         ctx = stream.codec_context
+        result.width, result.height = ctx.width, ctx.height
+        base = stream.time_base
+        # seconds of the stream's first pts: signal times are relative to it (as keyframe_times)
+        origin_s = float(stream.start_time * base) if stream.start_time and base else 0.0
         if not full:
             ctx.skip_frame = "NONKEY"
             # The deblocking filter only smooths reconstructed pixels; skipping it saves ~25% of
@@ -535,6 +591,10 @@ def _keyframe_pass(
             ):
                 break
             result.keyframes += bool(packet.is_keyframe)
+            if not isolated and packet.pts is not None and base is not None:
+                result.packet_t_s.append(float(packet.pts * base) - origin_s)
+                result.packet_sizes.append(packet.size)
+                result.packet_key.append(bool(packet.is_keyframe))
             if isolated and not packet.is_keyframe:
                 continue
             try:
@@ -547,6 +607,7 @@ def _keyframe_pass(
                     result.decoded += min(1, len(frames))
                 else:
                     result.decoded += len(frames)
+                    _sample_frames(frames, sampler, base, origin_s)
             except av.error.FFmpegError as exc:
                 result.failed += 1
                 result.first_error = result.first_error or str(exc)
@@ -554,7 +615,9 @@ def _keyframe_pass(
                     ctx.flush_buffers()
         if not isolated:
             try:
-                result.decoded += len(stream.decode(None))  # drain frames the decoder holds
+                held = stream.decode(None)  # drain frames the decoder holds
+                result.decoded += len(held)
+                _sample_frames(held, sampler, base, origin_s)
             except av.error.FFmpegError as exc:
                 result.failed += 1
                 result.first_error = result.first_error or str(exc)

@@ -94,6 +94,7 @@ class KeyframeCheck:
     decoded: int
     failed: int
     first_error: str | None
+    still_spans_s: list[tuple[float, float]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -406,7 +406,7 @@ def _shard_rows(event: ShardsWritten, split_key: str, eval_fraction: float) -> l
     )
     for clip in event.clips:
         values = {
-            **clip.model_dump(),
+            **clip.model_dump(exclude={"quality"}),  # the quality columns: migration 0006
             "shard_key": event.shard_key,
             "pipeline_version": event.pipeline_version,
         }

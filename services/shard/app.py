@@ -31,12 +31,14 @@ from schemas.events import (
     TOPIC_SHARDS,
     TOPIC_VALIDATED,
     AudioInfo,
+    ClipQuality,
     EpisodeDecoded,
     EpisodeRef,
     EpisodeValidated,
     ReasonCode,
     ShardsWritten,
     StreamInfo,
+    StreamSignals,
     Verdict,
     derive_event_id,
 )
@@ -56,6 +58,7 @@ from services.media.av_io import (
 from services.media.cutting import MISSING, plan_clips, plan_runs
 from services.media.members import member_labels
 from services.media.model import MemberPlan, ProbeError, RemuxError
+from services.media.signals import clip_quality
 from services.sensors.imu import ImuError, load_imu, slice_imu
 from services.shard.core import (
     clip_key,
@@ -82,6 +85,8 @@ class ShardJob:
     clip_target_s: float
     spool_dir: str
     keep_audio: bool = True
+    dark_luma: float = 24.0  # a covered lens: sampled frames darker than this ...
+    flat_std: float = 6.0  # ... and flatter than this (EGOLINE_CURATION_*)
 
 
 @dataclass(frozen=True)
@@ -266,7 +271,50 @@ def _cut_into(
                     )
                 )
     imu_slices = _imu_slices(store, decoded, windows, origin, frame_times)
-    return _spool_clips(validated, windows, per_clip, primary_frames, imu_slices, spool)
+    signals = _signals_on_clock(validated, sources, origin)
+    qualities = [
+        None
+        if signals is None
+        else clip_quality(
+            signals,
+            a,
+            b,
+            None if imu_slices is None else imu_slices[i],
+            job.dark_luma,
+            job.flat_std,
+        )
+        for i, (a, b) in enumerate(windows)
+    ]
+    return _spool_clips(validated, windows, per_clip, primary_frames, imu_slices, qualities, spool)
+
+
+def _signals_on_clock(
+    validated: EpisodeValidated, sources: list[SourcePlan], origin: float
+) -> list[StreamSignals] | None:
+    """The validate stage's per-stream signals moved onto the episode clock (each stream's
+    times are from its own first pts), so a clip window selects them directly; None when the
+    validator computed none."""
+    if validated.signals is None:
+        return None
+    starts = {
+        (src.camera, st.index): st.start_s + src.offset_s - origin
+        for src in sources
+        for st in src.streams
+    }
+    out = []
+    for sig in validated.signals.streams:
+        shift = starts.get((sig.camera, sig.stream_index))
+        if shift is None:
+            continue
+        out.append(
+            sig.model_copy(
+                update={
+                    "t_s": [t + shift for t in sig.t_s],
+                    "still_spans_s": [(a + shift, b + shift) for a, b in sig.still_spans_s],
+                }
+            )
+        )
+    return out
 
 
 def _imu_slices(
@@ -311,6 +359,7 @@ def _spool_clips(
     per_clip: list[list[CutMember]],
     primary_frames: list[int],
     imu_slices: list[NDArray[np.float64]] | None,
+    qualities: list[ClipQuality | None],
     spool: Path,
 ) -> list[SpooledClip]:
     decoded = validated.decoded
@@ -345,7 +394,13 @@ def _spool_clips(
             )
         place_members(streams, [p.stat().st_size for _, p in files])
         meta = clip_metadata(
-            validated, index, (start, end), primary_frames[index], first_frame, streams
+            validated,
+            index,
+            (start, end),
+            primary_frames[index],
+            first_frame,
+            streams,
+            qualities[index],
         )
         json_path = spool / f"{key}.json"
         json_path.write_bytes(encode_json(meta))
@@ -474,7 +529,14 @@ def build_stage(settings: Settings, store: ObjectStore) -> Stage[ShardJob, CutEp
         validated = parse_event(value, EpisodeValidated)
         if validated.verdict is Verdict.REJECT:
             return None  # rejected episodes stop here; the verdict itself is the record
-        return ShardJob(validated, settings.clip_target_s, str(spool), settings.keep_audio)
+        return ShardJob(
+            validated,
+            settings.clip_target_s,
+            str(spool),
+            settings.keep_audio,
+            settings.curation.dark_luma,
+            settings.curation.flat_std,
+        )
 
     def finish(_jobs: dict[int, ShardJob], results: dict[int, CutEpisode]) -> Finished:
         cuts = list(results.values())

@@ -21,12 +21,13 @@ from typing import BinaryIO, cast
 import numpy as np
 from numpy.typing import NDArray
 
-from schemas.events import ClipMember, ClipRecord, EpisodeValidated, StreamInfo
+from schemas.events import ClipMember, ClipQuality, ClipRecord, EpisodeValidated, StreamInfo
 from services.media import cutting
 
 # 2: one member per video stream (`<key>.<label>.mp4|mkv` beside `<key>.mp4`), the IMU slice
 # as (M, 7) float64 [t from clip start, ax, ay, az, gx, gy, gz], a `streams` list in the JSON.
-SHARD_FORMAT_VERSION = 2
+# 3: the clip's content signals as `quality` in the JSON (docs/curation.md).
+SHARD_FORMAT_VERSION = 3
 TAR_BLOCK = 512
 
 
@@ -204,10 +205,12 @@ def clip_metadata(
     frame_count: int,
     first_frame: int,
     streams: Sequence[dict[str, object]],
+    quality: ClipQuality | None = None,
 ) -> dict[str, object]:
     """A clip's `.json` member (docs/formats.md): the episode's facts, the clip's window on the
     episode clock (seconds, rounded to microseconds), the main stream's frames in it
-    (`frame_count`, from `first_frame` of the episode's), and one entry per member."""
+    (`frame_count`, from `first_frame` of the episode's), one entry per member, and the clip's
+    content signals (`quality`, docs/curation.md) when the validator computed them."""
     decoded = validated.decoded
     episode = decoded.episode
     primary = decoded.streams[decoded.primary_stream]
@@ -231,6 +234,7 @@ def clip_metadata(
         "pipeline_version": validated.pipeline_version,
         "format_version": SHARD_FORMAT_VERSION,
         "streams": list(streams),
+        **({} if quality is None else {"quality": quality.model_dump(mode="json")}),
     }
 
 
@@ -258,6 +262,9 @@ def clip_record(meta: Mapping[str, object], spans: Mapping[str, tuple[int, int]]
         imu_length=imu[1] if imu else None,
         json_offset=js[0],
         json_length=js[1],
+        quality=None
+        if meta.get("quality") is None
+        else ClipQuality.model_validate(meta["quality"]),
         members=[
             ClipMember(
                 name=str(m["name"]),

@@ -16,7 +16,10 @@ from schemas.events import (
     TOPIC_DECODED,
     TOPIC_VALIDATED,
     EpisodeDecoded,
+    EpisodeSignals,
     EpisodeValidated,
+    StreamInfo,
+    StreamSignals,
     derive_event_id,
 )
 from services.common.batch import Stage, stage_app, worker_fetch_raw
@@ -25,6 +28,7 @@ from services.common.scratch import job_scratch
 from services.common.settings import Settings
 from services.common.stage import make_broker, parse_event
 from services.media.av_io import decode_keyframes
+from services.media.signals import SignalSampler, stream_signals
 from services.validate.rules import KeyframeResult, RuleSet, dimensions_in_bounds, evaluate
 
 
@@ -34,11 +38,18 @@ class ValidateJob:
     rules: RuleSet
 
 
+def is_depth(stream: StreamInfo) -> bool:
+    """A depth (or other single-channel, high bit depth) stream: picture signals (sharpness,
+    exposure) mean nothing there, so curation skips it."""
+    return (stream.pix_fmt or "").startswith("gray") and stream.bit_depth > 8
+
+
 def check_keyframes(
-    fetch: Callable[[str, Path], None], decoded: EpisodeDecoded, full: bool
-) -> dict[tuple[str, int], KeyframeResult]:
-    """Decode the keyframes (every frame when `full`) of every video stream of every camera,
-    keyed by (camera, stream index): blocking I/O."""
+    fetch: Callable[[str, Path], None], decoded: EpisodeDecoded, rules: RuleSet
+) -> tuple[dict[tuple[str, int], KeyframeResult], EpisodeSignals | None]:
+    """Decode the keyframes (every frame when `rules.full_decode`) of every video stream of
+    every camera, keyed by (camera, stream index), and the content signals of the frames that
+    pass computes anyway: blocking I/O."""
     files = [
         (
             decoded.episode.camera,
@@ -48,27 +59,43 @@ def check_keyframes(
         )
     ] + [(c.name, c.key, c.streams, c.salvage_limit_bytes) for c in decoded.cameras]
     out: dict[tuple[str, int], KeyframeResult] = {}
+    signals: list[StreamSignals] = []
+    sample_s = rules.signal_sample_s
     with job_scratch("validate") as tmp:
         for camera, key, streams, limit in files:
             video = Path(tmp) / f"video-{camera}"
             fetch(key, video)
             for stream in streams:
-                check = decode_keyframes(video, stream.index, full=full, salvage_limit_bytes=limit)
+                sampler = None if sample_s is None or is_depth(stream) else SignalSampler(sample_s)
+                check = decode_keyframes(
+                    video,
+                    stream.index,
+                    full=rules.full_decode,
+                    salvage_limit_bytes=limit,
+                    sampler=sampler,
+                    still_bits_per_pixel=None if sampler is None else rules.still_bits_per_pixel,
+                )
                 out[(camera, stream.index)] = KeyframeResult(
                     decoded=check.decoded, failed=check.failed, first_error=check.first_error
                 )
+                if sampler is not None:
+                    signals.append(
+                        stream_signals(camera, stream.index, sampler.frames, check.still_spans_s)
+                    )
             video.unlink()
-    return out
+    if sample_s is None:
+        return out, None
+    return out, EpisodeSignals(sample_s=sample_s, streams=signals)
 
 
 def validate_episode(
     fetch: Callable[[str, Path], None], decoded: EpisodeDecoded, rules: RuleSet
 ) -> EpisodeValidated:
     # Out-of-bounds sizes are rejected without decoding (and without fetching) anything.
-    checks = (
-        check_keyframes(fetch, decoded, rules.full_decode)
+    checks, signals = (
+        check_keyframes(fetch, decoded, rules)
         if dimensions_in_bounds(decoded, rules)
-        else {}
+        else ({}, None)
     )
     primary = decoded.streams[decoded.primary_stream]
     keyframes = checks.pop((decoded.episode.camera, primary.index), None)
@@ -81,6 +108,7 @@ def validate_episode(
         verdict=verdict,
         reasons=reasons,
         warnings=warnings,
+        signals=signals,
     )
 
 
@@ -107,7 +135,16 @@ def build_stage(rules: RuleSet) -> Stage[ValidateJob, EpisodeValidated]:
     )
 
 
+def rules_from(settings: Settings) -> RuleSet:
+    """The stage's rules from the settings (the ones the settings carry)."""
+    return RuleSet(
+        keep_audio=settings.keep_audio,
+        signal_sample_s=settings.curation.sample_s,
+        still_bits_per_pixel=settings.curation.still_bits_per_pixel,
+    )
+
+
 def build_app(settings: Settings, rules: RuleSet | None = None) -> FastStream:
     broker = make_broker(settings, "validate")
-    stage = build_stage(rules or RuleSet(keep_audio=settings.keep_audio))
+    stage = build_stage(rules or rules_from(settings))
     return stage_app(settings, broker, stage)

@@ -42,6 +42,9 @@ class RuleSet(BaseModel):
     camera_max_skew_s: float = Field(default=0.1, ge=0, description="a larger start skew warns")
     keep_audio: bool = Field(default=True, description="audio tracks go into the clips")
     full_decode: bool = Field(default=False, description="decode every frame, not only keyframes")
+    # Curation signals ride on the keyframe decode (docs/curation.md); None: not computed.
+    signal_sample_s: float | None = Field(default=1.0, gt=0, description="one frame per this")
+    still_bits_per_pixel: float = Field(default=0.004, gt=0, description="a still inter frame")
 
 
 @dataclass(frozen=True)
