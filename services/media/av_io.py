@@ -516,7 +516,7 @@ def decode_keyframes(
     spans: list[tuple[float, float]] = []
     if still_bits_per_pixel is not None and first.width and first.height:
         spans = still_spans(
-            np.asarray(first.packet_t_s, dtype=np.float64),
+            np.asarray(first.packet_pts, dtype=np.float64) * first.time_base - first.origin_s,
             np.asarray(first.packet_sizes, dtype=np.int64),
             np.asarray(first.packet_key, dtype=np.bool_),
             first.width * first.height,
@@ -536,7 +536,9 @@ class _PassResult:
     first_error: str | None = None
     width: int = 0
     height: int = 0
-    packet_t_s: list[float] = field(default_factory=list)
+    time_base: float = 0.0
+    origin_s: float = 0.0
+    packet_pts: list[int] = field(default_factory=list)
     packet_sizes: list[int] = field(default_factory=list)
     packet_key: list[bool] = field(default_factory=list)
 
@@ -578,6 +580,7 @@ def _keyframe_pass(
         base = stream.time_base
         # seconds of the stream's first pts: signal times are relative to it (as keyframe_times)
         origin_s = float(stream.start_time * base) if stream.start_time and base else 0.0
+        result.time_base, result.origin_s = float(base or 0), origin_s
         if not full:
             ctx.skip_frame = "NONKEY"
             # The deblocking filter only smooths reconstructed pixels; skipping it saves ~25% of
@@ -591,8 +594,8 @@ def _keyframe_pass(
             ):
                 break
             result.keyframes += bool(packet.is_keyframe)
-            if not isolated and packet.pts is not None and base is not None:
-                result.packet_t_s.append(float(packet.pts * base) - origin_s)
+            if not isolated and packet.pts is not None:
+                result.packet_pts.append(packet.pts)  # ints: seconds are computed once, at the end
                 result.packet_sizes.append(packet.size)
                 result.packet_key.append(bool(packet.is_keyframe))
             if isolated and not packet.is_keyframe:
