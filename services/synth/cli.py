@@ -40,20 +40,35 @@ def synth(
         ),
     ] = False,
     cases: Annotated[str, typer.Option(help="with --realistic: comma list of case names")] = "",
+    curation: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="with --realistic: a labelled curation mix of this many episodes instead "
+            "(clean, content defects, duplicates; labels.json beside episode.json): "
+            "docs/curation.md",
+        ),
+    ] = 0,
 ) -> None:
     """Write deterministic synthetic episodes (video + IMU + episode.json)."""
     from rich.progress import track
 
     from services.synth.writer import Defect, plan_episodes, write_episode
 
-    if realistic:
-        from services.synth.realistic import realistic_cases, write_case
+    if realistic or curation:
+        from services.synth.realistic import (
+            curation_cases,
+            realistic_cases,
+            with_originals,
+            write_case,
+        )
 
-        chosen = [c for c in realistic_cases() if not cases or c.name in _csv(cases)]
-        for case in track(chosen, description="synthesize", console=err):
-            write_case(case, out, seed=seed)
+        pool = curation_cases(curation, seed) if curation else realistic_cases()
+        chosen = with_originals(pool, _csv(cases) or None)
+        for case, original in track(chosen, description="synthesize", console=err):
+            write_case(case, out, seed=seed, original=original)
         print_json_line(
-            {"episodes": len(chosen), "out": str(out), "cases": [c.name for c in chosen]}
+            {"episodes": len(chosen), "out": str(out), "cases": [c.name for c, _ in chosen]}
         )
         return
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import cv2
 import numpy as np
 from numpy.typing import NDArray
 
@@ -81,3 +82,51 @@ def yuv_scroll_frames(
         cy = int((height - side) * (0.5 + 0.5 * np.cos(0.07 * t))) // 2 * 2
         out[cy : cy + side, cx : cx + side] = 235
         yield out.copy()
+
+
+def textured_canvas(width: int, height: int, seed: int) -> NDArray[np.uint8]:
+    """A detailed still scene (HxWx3 RGB): a soft colour field under many hard-edged shapes,
+    lines and printed text, the kind of edges a sharp lens resolves and blur removes. The edges
+    survive default-CRF encoding (fine noise would not), so sharpness stays measurable after
+    decode: the variance of the Laplacian of a frame is in the thousands, of a blurred one tens."""
+    rng = np.random.default_rng(seed + 21)
+    coarse = rng.integers(50, 206, size=(height // 40 + 2, width // 40 + 2, 3)).astype(np.uint8)
+    canvas = cv2.resize(coarse, (width, height), interpolation=cv2.INTER_CUBIC)
+    area = width * height
+    for _ in range(area // 900):
+        x, y = int(rng.integers(0, width)), int(rng.integers(0, height))
+        w, h = int(rng.integers(4, 40)), int(rng.integers(4, 40))
+        colour = tuple(int(c) for c in rng.integers(0, 256, 3))
+        filled = -1 if rng.random() < 0.6 else int(rng.integers(1, 3))
+        cv2.rectangle(canvas, (x, y), (x + w, y + h), colour, filled)
+    for _ in range(area // 2500):
+        x0, y0 = int(rng.integers(0, width)), int(rng.integers(0, height))
+        x1, y1 = x0 + int(rng.integers(-60, 60)), y0 + int(rng.integers(-60, 60))
+        colour = tuple(int(c) for c in rng.integers(0, 256, 3))
+        cv2.line(canvas, (x0, y0), (x1, y1), colour, int(rng.integers(1, 3)))
+    letters = "ABCDEFGHJKLMNPRSTUVWXYZ0123456789"
+    for _ in range(area // 4000):
+        text = "".join(letters[int(i)] for i in rng.integers(0, len(letters), 5))
+        x, y = int(rng.integers(0, width - 40)), int(rng.integers(12, height))
+        shade = 0 if rng.random() < 0.5 else 255
+        cv2.putText(canvas, text, (x, y), cv2.FONT_HERSHEY_PLAIN, 1.0, (shade,) * 3, 1)
+    return np.ascontiguousarray(canvas)
+
+
+def panning_frames(count: int, width: int, height: int, seed: int) -> Iterator[NDArray[np.uint8]]:
+    """A hand-held camera slowly panning over `textured_canvas` with an object (a square)
+    crossing on a Lissajous path: every frame differs and every frame is detailed."""
+    rng = np.random.default_rng(seed)
+    phase = rng.uniform(0, 2 * np.pi, size=4)
+    tint = rng.integers(0, 256, size=3, dtype=np.uint8)
+    pad = 128
+    canvas = textured_canvas(width + pad, height + pad, seed)
+    side = max(8, min(width, height) // 6)
+    for t in range(count):
+        dx = int((pad - 1) * (0.5 + 0.5 * np.sin(0.031 * t + phase[2])))
+        dy = int((pad - 1) * (0.5 + 0.5 * np.sin(0.023 * t + phase[3])))
+        frame = canvas[dy : dy + height, dx : dx + width].copy()
+        cx = int((width - side) * (0.5 + 0.5 * np.sin(0.05 * t + phase[0])))
+        cy = int((height - side) * (0.5 + 0.5 * np.sin(0.07 * t + phase[1])))
+        frame[cy : cy + side, cx : cx + side] = tint
+        yield frame
