@@ -128,7 +128,7 @@ class CurationSettings(_Group):
 
     sample_s: float = Field(default=1.0, gt=0, description="at most one signal frame per this")
     dark_luma: float = Field(default=24.0, ge=0, le=255, description="blocked: mean luma below")
-    flat_std: float = Field(default=6.0, ge=0, description="blocked: luma std below this")
+    flat_std: float = Field(default=2.0, ge=0, description="blocked: luma std below this")
     still_bits_per_pixel: float = Field(
         default=0.004, gt=0, description="an inter frame coded in fewer bits per pixel is still"
     )

@@ -29,6 +29,9 @@ UNIFORM_STD = 2.0
 # A run of still inter frames shorter than this is a pause in motion, not a frozen picture.
 MIN_STILL_S = 1.0
 MAX_STILL_GAP_S = 0.25
+# Headers an encoder writes for every frame whatever the picture (NAL, slice and frame
+# headers: 26-60 bytes measured on x264/x265 defaults); only what lies beyond is picture data.
+FRAME_HEADER_BYTES = 64
 MIN_STILL_DENSITY = 0.8
 SIGNAL_WIDTH = 320
 
@@ -91,7 +94,8 @@ def still_spans(
 ) -> list[tuple[float, float]]:
     """[start, end) spans (seconds, the packets' clock) of a frozen picture, read from packet
     sizes without decoding: an encoder spends almost nothing on an inter frame identical to its
-    reference. Still frames (inter frames under `bits_per_pixel`) are grouped into runs allowing
+    reference. Still frames (inter frames whose picture data, beyond FRAME_HEADER_BYTES, is
+    under `bits_per_pixel`) are grouped into runs allowing
     gaps of up to `max_gap_s` (an encoder still refines a few frames just after the picture
     stops: measured on x264/x265 defaults, docs/curation.md); a run counts when it lasts
     `min_span_s` and at least `min_density` of its frames are still, which keeps the
@@ -100,7 +104,7 @@ def still_spans(
         return []
     order = np.argsort(pts_s, kind="stable")
     t = pts_s[order]
-    bpp = sizes[order].astype(np.float64) * 8.0 / pixels
+    bpp = np.maximum(sizes[order].astype(np.float64) - FRAME_HEADER_BYTES, 0.0) * 8.0 / pixels
     still = np.flatnonzero(~keyframe[order] & (bpp < bits_per_pixel)).tolist()
     if not still:
         return []

@@ -86,7 +86,7 @@ class ShardJob:
     spool_dir: str
     keep_audio: bool = True
     dark_luma: float = 24.0  # a covered lens: sampled frames darker than this ...
-    flat_std: float = 6.0  # ... and flatter than this (EGOLINE_CURATION_*)
+    flat_std: float = 2.0  # ... and flatter than this (EGOLINE_CURATION_*)
 
 
 @dataclass(frozen=True)

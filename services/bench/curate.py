@@ -1,0 +1,183 @@
+"""`egoline bench curate`: content signals and duplicates, scored against labelled media.
+
+1. A labelled mix (`synth.realistic.curation_cases`: clean recordings of varied make plus blur,
+   over/under-exposure, frozen segments, covered lens, a device at rest, re-encoded and
+   trimmed duplicates) is encoded the way devices do (encoder defaults), two processes at once.
+2. The device agent uploads it to a fleet of its own; each episode is awaited in the warehouse.
+3. Each episode's predicted classes come from the warehouse alone (its clips' quality values,
+   its duplicate mark) through the same thresholds the manifest filters apply
+   (`predict`); against `labels.json` that gives precision and recall per class.
+4. `extra_cpu_fraction`: the validate stage's own function (`validate_episode`: fetch, keyframe
+   decode, rules) run in this process on a sample of the mix with signals off and on,
+   alternating, CPU seconds compared (the same work but the signals).
+5. Near-duplicate lookup at 1M episodes: `bench.near_dup` seeds signatures and times lookups.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+from schemas.events import EpisodeUploaded
+from services.common.objectstore import ObjectStore
+from services.common.settings import CurationSettings
+from services.synth.realistic import RealisticCase, curation_cases, with_originals, write_case
+
+CLASSES = ("blur", "overexposed", "underexposed", "frozen", "covered", "static", "duplicate")
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """What counts as each class, on an episode's worst clip. The exposure bounds and the
+    duplicate rule are the manifest's (`CurationSettings`); the others are the values a
+    manifest would be built with (`--min-sharpness`, `--max-frozen-fraction`, `--min-motion`)."""
+
+    min_sharpness: float = 100.0
+    max_frozen_fraction: float = 0.2
+    min_blocked_fraction: float = 0.5
+    min_motion: float = 0.01
+
+
+@dataclass(frozen=True)
+class EpisodeFacts:
+    """An episode as the warehouse knows it: its clips' worst values and its duplicate mark."""
+
+    episode_id: str
+    sharpness: float | None  # lowest clip median
+    mean_luma: float | None  # the clip furthest from mid-grey
+    highlights: float | None  # highest
+    shadows: float | None  # highest
+    frozen_fraction: float  # highest
+    blocked_fraction: float  # highest
+    motion: float | None  # lowest clip gyro RMS (None: no IMU)
+    duplicate_of: str | None
+
+
+def predict(facts: EpisodeFacts, cur: CurationSettings, th: Thresholds) -> set[str]:
+    """The classes the warehouse values say, most specific first: a covered lens is dark and
+    flat (not "underexposed", not "blurred"); a dark or clipped picture has no contrast for the
+    Laplacian, so blur is judged on well-exposed pictures only; a picture that stops while the
+    device rests is a device at rest, frozen only when the device moves (or has no IMU)."""
+    out: set[str] = set()
+    if facts.duplicate_of is not None:
+        out.add("duplicate")
+    covered = facts.blocked_fraction >= th.min_blocked_fraction
+    static = facts.motion is not None and facts.motion < th.min_motion
+    luma = facts.mean_luma
+    over = (facts.highlights or 0.0) > cur.max_highlights or (
+        luma is not None and luma > cur.max_mean_luma
+    )
+    under = (facts.shadows or 0.0) > cur.max_shadows or (
+        luma is not None and luma < cur.min_mean_luma
+    )
+    if covered:
+        out.add("covered")
+    elif over:
+        out.add("overexposed")
+    elif under:
+        out.add("underexposed")
+    elif facts.sharpness is not None and facts.sharpness < th.min_sharpness:
+        out.add("blur")
+    if static:
+        out.add("static")
+    elif not covered and facts.frozen_fraction > th.max_frozen_fraction:
+        out.add("frozen")
+    return out
+
+
+def truth_of(label: Mapping[str, Any]) -> set[str]:
+    content = str(label["content"])
+    if label.get("duplicate_of"):
+        return {"duplicate"}
+    return set() if content == "clean" else {content}
+
+
+def score(
+    truth: Mapping[str, set[str]], predicted: Mapping[str, set[str]]
+) -> dict[str, dict[str, float | int]]:
+    """Per class: precision, recall and the counts behind them (support: labelled episodes)."""
+    out: dict[str, dict[str, float | int]] = {}
+    for cls in CLASSES:
+        tp = sum(1 for e, t in truth.items() if cls in t and cls in predicted.get(e, set()))
+        fp = sum(1 for e, t in truth.items() if cls not in t and cls in predicted.get(e, set()))
+        fn = sum(1 for e, t in truth.items() if cls in t and cls not in predicted.get(e, set()))
+        out[cls] = {
+            "precision": round(tp / (tp + fp), 3) if tp + fp else 1.0,
+            "recall": round(tp / (tp + fn), 3) if tp + fn else 1.0,
+            "support": tp + fn,
+            "false_positives": fp,
+        }
+    return out
+
+
+def _write(job: tuple[RealisticCase, Path, int, RealisticCase | None]) -> Path:
+    case, out_dir, seed, original = job
+    return write_case(case, out_dir, seed, original)
+
+
+def write_mix(
+    count: int, seed: int, out_dir: Path, jobs: int, log: Callable[[str], None]
+) -> list[Path]:
+    """The labelled mix, encoded `jobs` at a time (originals before their duplicates)."""
+    cases = curation_cases(count, seed)
+    pairs = list(with_originals(cases, None))
+    first = [(c, out_dir, seed, o) for c, o in pairs if o is None]
+    then = [(c, out_dir, seed, o) for c, o in pairs if o is not None]
+    started = time.perf_counter()
+    dirs: list[Path] = []
+    # spawn: the bench process may hold librdkafka threads already (no fork after them)
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
+        for batch in (first, then):
+            for done, path in enumerate(pool.map(_write, batch), start=len(dirs) + 1):
+                dirs.append(path)
+                if done % 20 == 0 or done == len(pairs):
+                    log(f"encoded {done}/{len(pairs)} ({time.perf_counter() - started:.0f} s)")
+    return dirs
+
+
+def labels(dirs: Iterable[Path]) -> dict[str, dict[str, Any]]:
+    out = {}
+    for d in dirs:
+        label = json.loads((d / "labels.json").read_text())
+        out[str(label["episode_id"])] = label
+    return out
+
+
+def signal_overhead(
+    store: ObjectStore, uploaded: list[EpisodeUploaded], pipeline_version: str, rounds: int = 2
+) -> dict[str, float]:
+    """CPU seconds of the validate stage's function on these episodes with signals off and on
+    (alternating, `rounds` times each, after one warm-up pass), and the extra fraction."""
+    import tempfile
+
+    from services.common.rawcache import fetch_raw
+    from services.decode.app import decode_episode
+    from services.validate.app import validate_episode
+    from services.validate.rules import RuleSet
+
+    def fetch(key: str, dest: Path) -> None:
+        fetch_raw(store, None, key, dest)
+
+    decoded = [decode_episode(store, u, pipeline_version, fetch) for u in uploaded]
+    on, off = RuleSet(signal_sample_s=1.0), RuleSet(signal_sample_s=None)
+    spent = {"on": 0.0, "off": 0.0}
+    with tempfile.TemporaryDirectory():
+        for d in decoded:  # warm-up: page cache, codec init
+            validate_episode(fetch, d, off)
+        for _ in range(rounds):
+            for name, rules in (("off", off), ("on", on)):
+                started = time.process_time()
+                for d in decoded:
+                    validate_episode(fetch, d, rules)
+                spent[name] += time.process_time() - started
+    return {
+        "validate_cpu_s_without_signals": round(spent["off"], 3),
+        "validate_cpu_s_with_signals": round(spent["on"], 3),
+        "extra_cpu_fraction": round((spent["on"] - spent["off"]) / max(spent["off"], 1e-9), 4),
+    }
