@@ -202,8 +202,9 @@ def corpus() -> list[Crafted]:
         Crafted("cur-noimu", "dev-b", 4, sha[4], fresh(), GOOD.model_copy(update={"motion": None})),
         # The same bytes again, under another id and device, later: an exact duplicate.
         Crafted("cur-exact", "dev-c", 5, sha[0], base),
-        # Re-encoded and trimmed: frames 3..10 of the clean one, 3 bits off each.
-        Crafted("cur-near", "dev-c", 6, sha[5], [flip(h, 3, rng) for h in base[3:11]]),
+        # Re-encoded and trimmed: frames 3..7 of the clean one, 3 bits off each (5 of its 12:
+        # under half of the longer one, all of the shorter one, which is what the rule counts).
+        Crafted("cur-near", "dev-c", 6, sha[5], [flip(h, 3, rng) for h in base[3:8]]),
         # Similar but different: every hash 14 bits away (the rule matches within 10).
         Crafted("cur-similar", "dev-c", 7, sha[6], [flip(h, 14, rng) for h in base]),
         # Two covered-lens recordings: identical uniform frames, which carry no signature.
@@ -311,11 +312,11 @@ def test_duplicates_name_the_earliest_copy_with_their_evidence(warehouse: Settin
             "SELECT informative_frames, frames FROM episode_quality WHERE episode_id = 'cur-dark1'"
         ).fetchone()
     assert marked == [("cur-exact", "cur-clean", "exact"), ("cur-near", "cur-clean", "near")]
-    # The exact copy has the same frames too; the trimmed copy matches all 8 of its frames.
+    # The exact copy has the same frames too; the trimmed copy matches all 5 of its frames.
     assert pairs == [
         ("cur-exact", "cur-clean", 1.0, 12, 0),
-        ("cur-near", "cur-clean", 1.0, 8, 3),
-        ("cur-near", "cur-exact", 1.0, 8, 3),
+        ("cur-near", "cur-clean", 1.0, 5, 3),
+        ("cur-near", "cur-exact", 1.0, 5, 3),
     ]
     assert dark == (0, 8)  # uniform frames: no signature, so no covered-lens "duplicates"
     engine = make_engine(warehouse)
