@@ -348,3 +348,38 @@ def test_replays_in_any_order_give_the_same_tables_and_manifest(
     flt = ManifestFilter(exclude_duplicates=True, min_sharpness=1.0)
     ids = {selected(db, tmp_path / str(i), flt)[1] for i, db in enumerate((warehouse, shuffled_db))}
     assert len(ids) == 1  # byte-identical manifests
+
+
+def test_manifest_rows_carry_quality_and_duplicate_of_and_inspect_shows_them(
+    warehouse: Settings, tmp_path: Path
+) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from services.cli import app
+
+    engine = make_engine(warehouse)
+    try:
+        built = build_manifest(
+            warehouse.database_libpq_url,
+            engine,
+            object_store(warehouse),
+            ManifestFilter(),
+            tmp_path,
+        )
+    finally:
+        engine.dispose()
+    rows = load_manifest(built.local_path).to_pylist()
+    by_episode = {r["episode_id"]: r for r in rows}
+    assert by_episode["cur-near"]["duplicate_of"] == "cur-clean"
+    assert by_episode["cur-clean"]["duplicate_of"] is None
+    assert by_episode["cur-blur"]["sharpness"] == 4.0
+    assert by_episode["cur-noimu"]["motion"] is None and by_episode["cur-clean"]["motion"] > 0
+    shown = CliRunner().invoke(app, ["manifest", "inspect", str(built.local_path)])
+    assert shown.exit_code == 0, shown.output
+    summary = json.loads(shown.stdout.strip().splitlines()[-1])
+    assert summary["format_version"] == 4
+    assert summary["duplicate_rows"] == 6 and summary["duplicates_of"] == ["cur-clean"]
+    assert summary["quality"]["motion"]["nulls"] == 3
+    assert summary["quality"]["sharpness"]["min"] == 4.0
