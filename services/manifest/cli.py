@@ -48,17 +48,35 @@ def manifest_build(
     exclude_salvaged: Annotated[
         bool, typer.Option(help="leave out recordings cut mid-write")
     ] = False,
+    min_sharpness: Annotated[
+        float | None, typer.Option(help="every clip at least this sharp (variance of Laplacian)")
+    ] = None,
+    max_frozen_fraction: Annotated[
+        float | None, typer.Option(min=0, max=1, help="every clip frozen at most this share")
+    ] = None,
+    exposure_ok: Annotated[
+        bool, typer.Option(help="every clip within the EGOLINE_CURATION_* exposure bounds")
+    ] = False,
+    min_motion: Annotated[
+        float | None,
+        typer.Option(help="every clip's gyro RMS at least this, rad/s (clips without IMU: out)"),
+    ] = None,
+    exclude_duplicates: Annotated[
+        bool, typer.Option(help="leave out exact and near duplicates of earlier episodes")
+    ] = False,
     pipeline_version: Annotated[str | None, typer.Option(help="default: configured")] = None,
     parallel: Annotated[int, typer.Option(min=1, help="parallel query slices")] = 2,
 ) -> None:
-    """Build a manifest with one SQL query into an Arrow IPC file (stored under its hash)."""
+    """Build a manifest with one SQL query into an Arrow IPC file (stored under its hash).
+    Quality filters keep an episode when every clip passes; a clip lacking the value (older
+    shards, no IMU for --min-motion) fails them."""
     from datetime import datetime
 
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     from services.common.objectstore import object_store
     from services.manifest.build import build_manifest
-    from services.manifest.query import ManifestFilter
+    from services.manifest.query import ExposureBounds, ManifestFilter
     from services.metadata.warehouse import make_engine
 
     settings = get_settings()
@@ -80,6 +98,11 @@ def manifest_build(
         max_imu_skew_s=max_imu_skew_s,
         min_imu_rate_hz=min_imu_rate_hz,
         exclude_salvaged=exclude_salvaged,
+        min_sharpness=min_sharpness,
+        max_frozen_fraction=max_frozen_fraction,
+        exposure_ok=ExposureBounds.of(settings.curation) if exposure_ok else None,
+        min_motion=min_motion,
+        exclude_duplicates=exclude_duplicates,
     )
     engine = make_engine(settings)
     with Progress(
@@ -137,8 +160,33 @@ def manifest_inspect(path: Path, rows: int = 5) -> None:
             "load_s": round(load_s, 4),
             "format_version": meta.get("version"),
             "filter": meta.get("filter"),
+            **quality_summary(table),
         }
     )
+
+
+def quality_summary(table: Any) -> dict[str, Any]:
+    """Per quality column its min, max and unknown (null) count; the rows that duplicate an
+    earlier episode and the episodes they name (absent from manifests before version 4)."""
+    import pyarrow.compute as pc
+
+    from services.manifest.explode import QUALITY_FIELDS
+
+    quality: dict[str, Any] = {}
+    for name in QUALITY_FIELDS:
+        if name in table.column_names:
+            column = table.column(name)
+            bounds = pc.min_max(column).as_py()
+            quality[name] = {**bounds, "nulls": column.null_count}
+    if "duplicate_of" not in table.column_names:
+        return {"quality": quality}
+    duplicate = table.column("duplicate_of")
+    named = sorted({str(v) for v in pc.unique(duplicate.drop_null().cast("string")).to_pylist()})
+    return {
+        "quality": quality,
+        "duplicate_rows": table.num_rows - duplicate.null_count,
+        "duplicates_of": named,
+    }
 
 
 @app.command("lineage")

@@ -43,6 +43,17 @@ EPISODE_NUMBERS = (
     *TIMING_COLUMNS,
 )
 
+# A clip's quality values (float32 in the packed records, NaN there for unknown: null here).
+QUALITY_FIELDS = (
+    "sharpness",
+    "mean_luma",
+    "highlights",
+    "shadows",
+    "frozen_fraction",
+    "blocked_fraction",
+    "motion",
+)
+
 MANIFEST_COLUMNS = (
     "shard_key",
     "byte_offset",
@@ -72,6 +83,8 @@ MANIFEST_COLUMNS = (
     "stream_labels",
     "stream_count",
     *TIMING_COLUMNS,
+    *QUALITY_FIELDS,
+    "duplicate_of",
 )
 
 BATCH_ROWS = 1 << 20  # clip rows per IPC record batch
@@ -183,6 +196,10 @@ class Exploder:
         self.shard_values, self.shard_codes = _encode(flat)
         self.unique = {name: episodes.column(name).combine_chunks() for name in UNIQUE_STRINGS}
         self.shared = {name: _encode(episodes.column(name)) for name in SHARED_STRINGS}
+        # duplicate_of: null for most episodes; encoded over its values, with a null mask.
+        duplicate = episodes.column("duplicate_of").cast(pa.string())  # all-null: null type
+        self.duplicate = _encode(duplicate.fill_null(""))
+        self.duplicate_null = duplicate.is_null().to_numpy(zero_copy_only=False)
         self.numbers: dict[str, tuple[NDArray[Any], pa.DataType]] = {}
         for name in EPISODE_NUMBERS:
             array = episodes.column(name).combine_chunks()
@@ -240,6 +257,19 @@ class Exploder:
         for name, (dictionary, codes) in self.shared.items():
             np.take(codes, parent, out=buf[name], mode="clip")
             out[name] = _dictionary(buf[name], dictionary)
+        for name in QUALITY_FIELDS:
+            values = buf[name]
+            out[name] = pa.array(values, type=pa.float32(), mask=np.isnan(values))
+        dictionary, codes = self.duplicate
+        index_type = _index_type(len(dictionary))
+        out["duplicate_of"] = pa.DictionaryArray.from_arrays(
+            pa.array(
+                np.take(codes, parent, mode="clip").astype(index_type.to_pandas_dtype()),
+                type=index_type,
+                mask=np.take(self.duplicate_null, parent, mode="clip"),
+            ),
+            dictionary,
+        )
         for name, (numbers, arrow_type) in self.numbers.items():
             np.take(numbers, parent, out=buf[name], mode="clip")
             out[name] = pa.Array.from_buffers(arrow_type, size, [None, pa.py_buffer(buf[name])])

@@ -2,7 +2,8 @@
 
 `lineage_query` is pure SQL building; `lineage` runs it. A row's lineage is the raw video object
 and its sha256, the device, session and start time, the pipeline version, the validation verdict
-with its reasons and warnings, the probe, and the clip's shard with its sha256 and byte ranges.
+with its reasons and warnings, the probe, the clip's shard with its sha256 and byte ranges, its
+quality values, the episode's signals summary and the earlier episode it duplicates (if any).
 """
 
 from __future__ import annotations
@@ -12,9 +13,12 @@ from typing import Any
 from sqlalchemy import Engine, Select, and_, select
 
 from services.metadata.warehouse import (
+    CLIP_QUALITY_COLUMNS,
     clips,
     decode_meta,
+    episode_quality,
     episodes,
+    manifest_episodes,
     raw_objects,
     shards,
     verdicts,
@@ -66,6 +70,12 @@ def lineage_query(episode_id: str, pipeline_version: str, clip_index: int | None
             decode_meta.c.cameras,
             decode_meta.c.stream_labels,
             decode_meta.c.salvaged_s,
+            *(clips.c[name] for name in CLIP_QUALITY_COLUMNS),
+            episode_quality.c.min_sharpness.label("episode_min_sharpness"),
+            episode_quality.c.median_sharpness.label("episode_median_sharpness"),
+            episode_quality.c.informative_frames.label("episode_signal_frames"),
+            manifest_episodes.c.duplicate_of,
+            manifest_episodes.c.duplicate_kind,
         )
         .select_from(clips)
         .join(episodes, episodes.c.episode_id == clips.c.episode_id)
@@ -83,6 +93,20 @@ def lineage_query(episode_id: str, pipeline_version: str, clip_index: int | None
             and_(
                 decode_meta.c.episode_id == clips.c.episode_id,
                 decode_meta.c.pipeline_version == clips.c.pipeline_version,
+            ),
+        )
+        .outerjoin(
+            episode_quality,
+            and_(
+                episode_quality.c.episode_id == clips.c.episode_id,
+                episode_quality.c.pipeline_version == clips.c.pipeline_version,
+            ),
+        )
+        .outerjoin(
+            manifest_episodes,
+            and_(
+                manifest_episodes.c.episode_id == clips.c.episode_id,
+                manifest_episodes.c.pipeline_version == clips.c.pipeline_version,
             ),
         )
         .where(clips.c.episode_id == episode_id, clips.c.pipeline_version == pipeline_version)

@@ -12,10 +12,11 @@ from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from services.common.settings import CurationSettings
 from services.metadata.packing import PACKED_COLUMN
 from services.metadata.warehouse import TIMING_COLUMNS
 
-MANIFEST_FORMAT_VERSION = 3
+MANIFEST_FORMAT_VERSION = 4
 
 # Episode-level columns: one row per (pipeline version, episode) of `manifest_episodes`; the
 # build explodes each into its clips (`clip_count`, `shard_keys`, the packed `clips` records).
@@ -38,8 +39,30 @@ EPISODE_COLUMNS = """
     m.shard_keys,
     m.stream_labels,
     m.stream_count,
+    m.duplicate_of,
 """ + ",\n".join(f"    m.{name}" for name in TIMING_COLUMNS)
 COLUMNS = f"{EPISODE_COLUMNS.strip()},\n    m.{PACKED_COLUMN}"
+
+
+class ExposureBounds(BaseModel):
+    """What `--exposure-ok` accepts of every clip (`EGOLINE_CURATION_*`, stored in the filter
+    so the manifest says which bounds it was built with)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    max_highlights: float = Field(ge=0, le=1, description="mean clipped-highlight fraction")
+    max_shadows: float = Field(ge=0, le=1, description="mean crushed-shadow fraction")
+    min_mean_luma: float = Field(ge=0, le=255)
+    max_mean_luma: float = Field(ge=0, le=255)
+
+    @classmethod
+    def of(cls, curation: CurationSettings) -> ExposureBounds:
+        return cls(
+            max_highlights=curation.max_highlights,
+            max_shadows=curation.max_shadows,
+            min_mean_luma=curation.min_mean_luma,
+            max_mean_luma=curation.max_mean_luma,
+        )
 
 
 class ManifestFilter(BaseModel):
@@ -68,6 +91,20 @@ class ManifestFilter(BaseModel):
     max_imu_skew_s: float | None = Field(default=None, ge=0, description="|IMU start skew|")
     min_imu_rate_hz: float | None = Field(default=None, ge=0, description="IMU at least this")
     exclude_salvaged: bool = Field(default=False, description="leave out files cut mid-write")
+    # Content quality: an episode is kept when every clip passes (its worst clip's value,
+    # `manifest_episodes.min_sharpness`...); an episode any of whose clips lacks the value
+    # (older shards; no IMU for motion) is left out by a filter on it.
+    min_sharpness: float | None = Field(default=None, ge=0, description="variance of Laplacian")
+    max_frozen_fraction: float | None = Field(default=None, ge=0, le=1)
+    exposure_ok: ExposureBounds | None = Field(
+        default=None, description="every clip within these exposure bounds"
+    )
+    min_motion: float | None = Field(
+        default=None, ge=0, description="gyro RMS, rad/s; clips without IMU fail it"
+    )
+    exclude_duplicates: bool = Field(
+        default=False, description="leave out exact and near duplicates of earlier episodes"
+    )
 
 
 KeyRange = tuple[str | None, str | None]
@@ -122,6 +159,21 @@ def build_query(
             where.append(f"m.{column} {op} {bind(float(value))}::float8")
     if flt.exclude_salvaged:
         where.append("NOT m.salvaged")
+    exposure = flt.exposure_ok
+    quality = (
+        ("min_sharpness", ">=", flt.min_sharpness),
+        ("max_frozen_fraction", "<=", flt.max_frozen_fraction),
+        ("max_highlights", "<=", exposure.max_highlights if exposure else None),
+        ("max_shadows", "<=", exposure.max_shadows if exposure else None),
+        ("min_mean_luma", ">=", exposure.min_mean_luma if exposure else None),
+        ("max_mean_luma", "<=", exposure.max_mean_luma if exposure else None),
+        ("min_motion", ">=", flt.min_motion),
+    )
+    for column, op, value in quality:
+        if value is not None:  # a null column compares as unknown: the episode is left out
+            where.append(f"m.{column} {op} {bind(float(value))}::float8")
+    if flt.exclude_duplicates:
+        where.append("m.duplicate_of IS NULL")
     low, high = key_range
     if low is not None:
         where.append(f"m.episode_id >= {bind(low)}")

@@ -62,7 +62,9 @@ class ParsedRecord:
 def parse_record(topic: str, body: bytes, settings: Settings) -> ParsedRecord:
     """The `prepare` step (pure): malformed input is a permanent error."""
     try:
-        upserts = statements_for(topic, body, settings.split_key, settings.eval_fraction)
+        upserts = statements_for(
+            topic, body, settings.split_key, settings.eval_fraction, settings.curation
+        )
         return ParsedRecord(topic, str(json.loads(body)["event_id"]), upserts)
     except (ValidationError, ValueError, KeyError, TypeError, RecursionError) as exc:
         raise PermanentError(ReasonCode.MALFORMED_EVENT, str(exc)[:2000]) from exc

@@ -43,9 +43,13 @@ from schemas.events import (
     StreamInfo,
     Verdict,
 )
+from services.common.settings import CurationSettings
 from services.media.members import member_labels
+from services.metadata.duplicates import near_duplicate_statements, signature_statements
 from services.metadata.packing import PACKED_COLUMN, pack_sql
 from services.metadata.warehouse import (
+    CLIP_QUALITY_COLUMNS,
+    EPISODE_QUALITY_COLUMNS,
     TIMING_COLUMNS,
     clips,
     dead_letters,
@@ -155,9 +159,16 @@ class Upserts:
     episode_ids: frozenset[str] = frozenset()
 
 
-def statements_for(topic: str, body: bytes, split_key: str, eval_fraction: float) -> Upserts:
-    """The upserts for one record of `topic` (a stage topic or a DLQ). Raises ValidationError
-    or ValueError for a record that isn't a valid event."""
+def statements_for(
+    topic: str,
+    body: bytes,
+    split_key: str,
+    eval_fraction: float,
+    curation: CurationSettings | None = None,
+) -> Upserts:
+    """The upserts for one record of `topic` (a stage topic or a DLQ); `curation` gives the
+    near-duplicate rule (default: the defaults). Raises ValidationError or ValueError for a
+    record that isn't a valid event."""
     if topic == TOPIC_UPLOADED:
         up = EpisodeUploaded.model_validate_json(body)
         return Upserts(
@@ -188,6 +199,7 @@ def statements_for(topic: str, body: bytes, split_key: str, eval_fraction: float
                 *upsert_episode(val.decoded.episode, status, split_key, eval_fraction),
                 _decode_row(val.decoded),
                 _verdict_row(val),
+                *_signal_rows(val, curation or CurationSettings()),
             ],
             frozenset({val.decoded.episode.episode_id}),
         )
@@ -214,6 +226,9 @@ def _seen(pipeline_version: str) -> Executable:
 # Recompute the manifest rows of some episodes from the normalized tables (all pipeline
 # versions). Inner joins: a row appears once its episode has clips, a verdict, a probe and a raw
 # video, whatever order the events came in; recomputing from scratch makes replays converge.
+# An episode's quality values are its worst clip's (null if any clip lacks one); its
+# `duplicate_of` is the earliest (started_at, episode id) earlier episode with the same raw
+# video bytes (`exact`), else the earliest it is a near duplicate of (`near`).
 _REFRESH_SQL = """
 WITH c AS (
     SELECT clips.*,
@@ -222,26 +237,46 @@ WITH c AS (
            ) - 1 AS shard_no
     FROM clips
     {where}
+), g AS (
+    SELECT c.pipeline_version, e.episode_id, e.device_id, e.session_id, e.started_at, e.split,
+           e.tags, v.verdict, jsonb_array_length(v.warnings) AS warning_count, d.codec,
+           d.width, d.height, d.fps, r.object_key AS raw_key, r.sha256 AS raw_sha256,
+           count(*)::int AS clip_count,
+           array_agg(DISTINCT c.shard_key ORDER BY c.shard_key) AS shard_keys,
+           d.stream_labels, d.stream_count, d.salvaged_s IS NOT NULL AS salvaged,
+           {timing_values},
+           {quality_values},
+           {packed_values} AS {packed_columns}
+    FROM c
+    JOIN episodes e ON e.episode_id = c.episode_id
+    JOIN verdicts v ON v.episode_id = c.episode_id AND v.pipeline_version = c.pipeline_version
+    JOIN decode_meta d ON d.episode_id = c.episode_id AND d.pipeline_version = c.pipeline_version
+    JOIN raw_objects r ON r.episode_id = c.episode_id AND r.kind = 'video'
+    GROUP BY c.pipeline_version, e.episode_id, v.episode_id, v.pipeline_version,
+             d.episode_id, d.pipeline_version, r.object_key
 )
 INSERT INTO manifest_episodes AS m (
     pipeline_version, episode_id, device_id, session_id, started_at, split, tags, verdict,
     warning_count, codec, width, height, fps, raw_key, raw_sha256, clip_count, shard_keys,
-    stream_labels, stream_count, salvaged, {timing_columns},
-    {packed_columns}
+    stream_labels, stream_count, salvaged, {timing_columns}, {quality_columns},
+    {packed_columns}, duplicate_of, duplicate_kind
 )
-SELECT c.pipeline_version, e.episode_id, e.device_id, e.session_id, e.started_at, e.split,
-       e.tags, v.verdict, jsonb_array_length(v.warnings), d.codec, d.width, d.height, d.fps,
-       r.object_key, r.sha256, count(*)::int,
-       array_agg(DISTINCT c.shard_key ORDER BY c.shard_key),
-       d.stream_labels, d.stream_count, d.salvaged_s IS NOT NULL, {timing_values},
-       {packed_values}
-FROM c
-JOIN episodes e ON e.episode_id = c.episode_id
-JOIN verdicts v ON v.episode_id = c.episode_id AND v.pipeline_version = c.pipeline_version
-JOIN decode_meta d ON d.episode_id = c.episode_id AND d.pipeline_version = c.pipeline_version
-JOIN raw_objects r ON r.episode_id = c.episode_id AND r.kind = 'video'
-GROUP BY c.pipeline_version, e.episode_id, v.episode_id, v.pipeline_version,
-         d.episode_id, d.pipeline_version, r.object_key
+SELECT g.*, dup.duplicate_of, dup.kind
+FROM g
+LEFT JOIN LATERAL (
+    SELECT x.duplicate_of, x.kind FROM (
+        SELECT o.episode_id AS duplicate_of, 'exact' AS kind, 0 AS precedence, o.started_at
+        FROM raw_objects ro JOIN episodes o ON o.episode_id = ro.episode_id
+        WHERE ro.kind = 'video' AND ro.sha256 = g.raw_sha256
+          AND (o.started_at, o.episode_id) < (g.started_at, g.episode_id)
+        UNION ALL
+        SELECT o.episode_id, 'near', 1, o.started_at
+        FROM near_duplicates n JOIN episodes o ON o.episode_id = n.duplicate_of
+        WHERE n.pipeline_version = g.pipeline_version AND n.episode_id = g.episode_id
+    ) x
+    ORDER BY x.precedence, x.started_at, x.duplicate_of
+    LIMIT 1
+) dup ON true
 ON CONFLICT (pipeline_version, episode_id) DO UPDATE SET {updates}
 """
 _REFRESHED = (
@@ -264,8 +299,23 @@ _REFRESHED = (
     "stream_count",
     "salvaged",
     *TIMING_COLUMNS,
+    *EPISODE_QUALITY_COLUMNS,
     PACKED_COLUMN,
+    "duplicate_of",
+    "duplicate_kind",
 )
+# (manifest_episodes column, aggregate over the episode's clips `c`): the worst clip.
+_EPISODE_QUALITY = (
+    ("min_sharpness", "min", "sharpness"),
+    ("max_frozen_fraction", "max", "frozen_fraction"),
+    ("max_highlights", "max", "highlights"),
+    ("max_shadows", "max", "shadows"),
+    ("min_mean_luma", "min", "mean_luma"),
+    ("max_mean_luma", "max", "mean_luma"),
+    ("min_motion", "min", "motion"),
+)
+if tuple(name for name, _, _ in _EPISODE_QUALITY) != EPISODE_QUALITY_COLUMNS:
+    raise RuntimeError("_EPISODE_QUALITY must list EPISODE_QUALITY_COLUMNS in order")
 
 
 def _refresh_sql(where: str) -> str:
@@ -275,13 +325,31 @@ def _refresh_sql(where: str) -> str:
         packed_values=pack_sql(),
         timing_columns=", ".join(TIMING_COLUMNS),
         timing_values=", ".join(f"d.{name}" for name in TIMING_COLUMNS),
+        quality_columns=", ".join(EPISODE_QUALITY_COLUMNS),
+        quality_values=",\n           ".join(
+            f"CASE WHEN count(c.{col}) = count(*) THEN {fn}(c.{col}) END AS {name}"
+            for name, fn, col in _EPISODE_QUALITY
+        ),
         updates=", ".join(f"{col} = excluded.{col}" for col in _REFRESHED),
     )
 
 
+# The episodes whose `duplicate_of` may change with these: the same raw video bytes, or a
+# near-duplicate pair with one of them (either side).
+_RELATED = """ARRAY(
+    SELECT unnest(CAST(:episode_ids AS varchar[]))
+    UNION SELECT o.episode_id FROM raw_objects r
+          JOIN raw_objects o ON o.sha256 = r.sha256 AND o.kind = 'video'
+          WHERE r.kind = 'video' AND r.episode_id = ANY(:episode_ids)
+    UNION SELECT n.duplicate_of FROM near_duplicates n WHERE n.episode_id = ANY(:episode_ids)
+    UNION SELECT n.episode_id FROM near_duplicates n WHERE n.duplicate_of = ANY(:episode_ids)
+)"""
+
+
 def refresh_manifest_episodes(episode_ids: list[str]) -> TextClause:
-    """The statement that recomputes `manifest_episodes` for these episodes."""
-    sql = _refresh_sql("WHERE clips.episode_id = ANY(:episode_ids)")
+    """The statement that recomputes `manifest_episodes` for these episodes and those whose
+    duplicate status they decide (`_RELATED`)."""
+    sql = _refresh_sql(f"WHERE clips.episode_id = ANY({_RELATED})")
     return text(sql).bindparams(bindparam("episode_ids", value=sorted(episode_ids)))
 
 
@@ -387,6 +455,24 @@ def _verdict_row(val: EpisodeValidated) -> Executable:
     return _upsert(verdicts, values)
 
 
+def _signal_rows(val: EpisodeValidated, curation: CurationSettings) -> list[Executable]:
+    """The episode's signals summary and signature, then its near duplicates among the episodes
+    stored so far (either side of the pair may be the later one)."""
+    if val.signals is None:
+        return []
+    episode_id = val.decoded.episode.episode_id
+    return [
+        *signature_statements(episode_id, val.pipeline_version, val.signals),
+        *near_duplicate_statements(
+            episode_id,
+            val.pipeline_version,
+            val.signals,
+            curation.near_dup_max_hamming,
+            curation.near_dup_min_shared,
+        ),
+    ]
+
+
 def _shard_rows(event: ShardsWritten, split_key: str, eval_fraction: float) -> list[Executable]:
     out: list[Executable] = []
     for ref in event.episodes:
@@ -405,8 +491,10 @@ def _shard_rows(event: ShardsWritten, split_key: str, eval_fraction: float) -> l
         .on_conflict_do_nothing()
     )
     for clip in event.clips:
+        quality = clip.quality.model_dump() if clip.quality is not None else {}
         values = {
-            **clip.model_dump(exclude={"quality"}),  # the quality columns: migration 0006
+            **clip.model_dump(exclude={"quality"}),
+            **{name: quality.get(name) for name in CLIP_QUALITY_COLUMNS},
             "shard_key": event.shard_key,
             "pipeline_version": event.pipeline_version,
         }

@@ -1,12 +1,14 @@
 """How `manifest_episodes` holds an episode's clips: one `bytea` of fixed-size records (pure).
 
-The `clips` column holds one 64-byte record per clip, in clip order: the fields below as
+The `clips` column holds one 92-byte record per clip (format version 2; version 1, migrations
+0004-0005, was the first 64 bytes: no quality values), in clip order: the fields below as
 fixed-width big-endian numbers (Postgres `*send` functions write network byte order), back to
 back with no padding. Because a query result's binary column is one contiguous buffer, a whole
 manifest's clips are then one zero-copy numpy array of records, each field byte-swapped once
 while copied out; no per-clip rows cross the wire or the parser, and each episode row carries
 one field for all of it (Postgres formats and ADBC parses per field). The same table generates
-the SQL that packs and the numpy record type that unpacks. Missing IMU ranges are stored as -1.
+the SQL that packs and the numpy record type that unpacks. Missing IMU ranges are stored as -1,
+missing quality values (older shards; motion without an IMU) as NaN.
 
 The writer owns the format: the metadata service packs (services/metadata/core.py) and the
 manifest build unpacks, so manifest depends on this module and metadata never on manifest.
@@ -33,7 +35,21 @@ FIELDS: tuple[tuple[str, str, str, str], ...] = (
     ("clip_index", "c.clip_index", "int4send", ">i4"),
     ("frame_count", "c.frame_count", "int4send", ">i4"),
     ("shard_no", "c.shard_no::int4", "int4send", ">i4"),
+    # The clip's quality values (float4: raw measurements, 7 significant digits are plenty).
+    *(
+        (name, f"coalesce(c.{name}, 'NaN')::float4", "float4send", ">f4")
+        for name in (
+            "sharpness",
+            "mean_luma",
+            "highlights",
+            "shadows",
+            "frozen_fraction",
+            "blocked_fraction",
+            "motion",
+        )
+    ),
 )
+PACKING_VERSION = 2
 NO_RANGE = -1
 PACKED_COLUMN = "clips"
 RECORD = np.dtype([(name, np_type) for name, _, _, np_type in FIELDS])  # packed, big-endian
@@ -57,9 +73,10 @@ def unpack(field: str, data: bytes | memoryview | NDArray[np.uint8]) -> NDArray[
 
 
 def pack(clips: list[dict[str, Any]]) -> bytes:
-    """Pack clips (dicts with every field; None for a missing IMU range) the way the SQL does,
-    for tests and tools."""
+    """Pack clips (dicts with every field; None for a missing IMU range or quality value) the
+    way the SQL does, for tests and tools."""
     out = np.zeros(len(clips), dtype=RECORD)
     for name in RECORD.names or ():
-        out[name] = [NO_RANGE if clip[name] is None else clip[name] for clip in clips]
+        missing = np.nan if RECORD[name].kind == "f" else NO_RANGE
+        out[name] = [missing if clip.get(name) is None else clip[name] for clip in clips]
     return out.tobytes()

@@ -17,6 +17,7 @@ from sqlalchemy import (
     Index,
     Integer,
     MetaData,
+    SmallInteger,
     String,
     Table,
     Text,
@@ -72,6 +73,7 @@ raw_objects = Table(
     Column("kind", String(16), nullable=False),
     Column("sha256", String(64), nullable=False),
     Column("size_bytes", BigInteger, nullable=False),
+    Index("ix_raw_objects_sha256", "sha256"),  # exact duplicates: the same bytes again
 )
 
 # Time integrity per episode (seconds, ppm, Hz; 0 when not applicable): the worst video stream's
@@ -84,6 +86,30 @@ TIMING_COLUMNS = (
     "camera_skew_s",
     "imu_skew_s",
     "imu_rate_hz",
+)
+
+# A clip's content signals (`ClipQuality`, migration 0006; null from older shards): median
+# sharpness (variance of the Laplacian), mean luma (0-255), mean clipped-highlight and
+# crushed-shadow fractions, frozen and blocked shares of its time, gyro RMS (rad/s; null: no IMU).
+CLIP_QUALITY_COLUMNS = (
+    "sharpness",
+    "mean_luma",
+    "highlights",
+    "shadows",
+    "frozen_fraction",
+    "blocked_fraction",
+    "motion",
+)
+# Their worst value over an episode's clips, in `manifest_episodes` (what the manifest filters
+# compare; null when any clip lacks the value, so a filter on it leaves the episode out).
+EPISODE_QUALITY_COLUMNS = (
+    "min_sharpness",
+    "max_frozen_fraction",
+    "max_highlights",
+    "max_shadows",
+    "min_mean_luma",
+    "max_mean_luma",
+    "min_motion",
 )
 
 decode_meta = Table(
@@ -152,6 +178,7 @@ clips = Table(
     Column("json_offset", BigInteger, nullable=False),
     Column("json_length", BigInteger, nullable=False),
     Column("members", JSONB, nullable=False, server_default="[]"),
+    *(Column(name, Float) for name in CLIP_QUALITY_COLUMNS),
     Index("ix_clips_episode", "episode_id"),
     Index("ix_clips_shard", "shard_key"),
 )
@@ -186,9 +213,69 @@ manifest_episodes = Table(
     Column("stream_count", Integer, nullable=False, server_default="1"),
     Column("salvaged", Boolean, nullable=False, server_default="false"),
     *(Column(name, Float, nullable=False, server_default="0") for name in TIMING_COLUMNS),
+    *(Column(name, Float) for name in EPISODE_QUALITY_COLUMNS),
+    Column("duplicate_of", String(128)),
+    Column("duplicate_kind", String(8)),
     Index("ix_manifest_episodes_started", "pipeline_version", "started_at"),
     Index("ix_manifest_episodes_device", "pipeline_version", "device_id"),
     Index("ix_manifest_episodes_tags", "tags", postgresql_using="gin"),
+)
+
+# Content signals summarized per episode and pipeline version (from `EpisodeValidated.signals`),
+# with its signature: the informative frames' 64-bit pHashes as signed bigints, in frame order
+# (services/metadata/duplicates.py).
+episode_quality = Table(
+    "episode_quality",
+    metadata,
+    Column("episode_id", String(128), ForeignKey("episodes.episode_id"), primary_key=True),
+    Column("pipeline_version", String(64), primary_key=True),
+    Column("signals_version", Integer, nullable=False),
+    Column("sample_s", Float, nullable=False),
+    Column("frames", Integer, nullable=False),
+    Column("informative_frames", Integer, nullable=False),
+    Column("min_sharpness", Float),
+    Column("median_sharpness", Float),
+    Column("max_highlights", Float),
+    Column("max_shadows", Float),
+    Column("still_s", Float, nullable=False),
+    Column("phashes", ARRAY(BigInteger), nullable=False),
+)
+
+# The near-duplicate index: each informative frame hash cut into 4 bands of 16 bits, one row per
+# band; the btree finds a (band, value) and carries the whole hash, so a candidate's distance is
+# checked in the index (multi-index hashing: services/metadata/duplicates.py).
+phash_bands = Table(
+    "phash_bands",
+    metadata,
+    Column("pipeline_version", String(64), nullable=False),
+    Column("band", SmallInteger, nullable=False),
+    Column("value", Integer, nullable=False),
+    Column("phash", BigInteger, nullable=False),
+    Column("episode_id", String(128), nullable=False),
+    Column("frame", SmallInteger, nullable=False),
+    Index(
+        "ix_phash_bands_lookup",
+        "pipeline_version",
+        "band",
+        "value",
+        postgresql_include=["phash", "episode_id"],
+    ),
+    Index("ix_phash_bands_episode", "episode_id", "pipeline_version"),
+)
+
+# Pairs of near-duplicate episodes: `episode_id` is the later (started_at, then id), the one a
+# manifest with --exclude-duplicates drops; the evidence is the share of the shorter signature
+# matched, its length and the closest two hashes.
+near_duplicates = Table(
+    "near_duplicates",
+    metadata,
+    Column("pipeline_version", String(64), primary_key=True),
+    Column("episode_id", String(128), ForeignKey("episodes.episode_id"), primary_key=True),
+    Column("duplicate_of", String(128), ForeignKey("episodes.episode_id"), primary_key=True),
+    Column("shared", Float, nullable=False),
+    Column("frames", Integer, nullable=False),
+    Column("min_distance", SmallInteger, nullable=False),
+    Index("ix_near_duplicates_of", "pipeline_version", "duplicate_of"),
 )
 
 dead_letters = Table(

@@ -3,10 +3,12 @@ lineage query, without a database."""
 
 from __future__ import annotations
 
+import struct
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pytest
 from hypothesis import given
@@ -21,7 +23,8 @@ from services.manifest.write import write_batches
 from services.metadata.packing import FIELDS, PACKED_COLUMN, RECORD, pack, pack_sql, unpack
 
 
-@given(st.lists(st.integers(min_value=-1, max_value=2**31 - 20), max_size=50))
+# float4 fields hold integers exactly up to 2^24
+@given(st.lists(st.integers(min_value=-1, max_value=2**24 - 40), max_size=50))
 def test_packing_round_trips_every_field(values: list[int]) -> None:
     clips = [{name: v + i for i, (name, *_) in enumerate(FIELDS)} for v in values]
     packed = pack(clips)
@@ -33,8 +36,18 @@ def test_packing_round_trips_every_field(values: list[int]) -> None:
 def test_a_record_is_the_fields_back_to_back_big_endian() -> None:
     clip = {name: i + 1 for i, (name, *_) in enumerate(FIELDS)}
     packed = pack([clip])
-    assert RECORD.itemsize == 64 and packed[:8] == (1).to_bytes(8, "big")
+    assert RECORD.itemsize == 92 and packed[:8] == (1).to_bytes(8, "big")
     assert packed[8:12] == (2).to_bytes(4, "big")  # length: int4
+    assert packed[64:68] == struct.pack(">f", 12.0)  # sharpness: float4, after the 64 bytes
+
+
+def test_missing_quality_values_pack_as_nan_and_explode_as_null() -> None:
+    clips = [clip(0, 0), {**clip(1, 0), "sharpness": None, "motion": None}]
+    packed = pack(clips)
+    assert np.isnan(unpack("motion", packed)[1]) and unpack("sharpness", packed)[0] == 250.0
+    rows = explode(episode_rows([episode("ep1", "dev1", ["sA"], clips)])).to_pylist()
+    assert rows[0]["sharpness"] == 250.0 and rows[1]["sharpness"] is None
+    assert rows[1]["motion"] is None and rows[1]["frozen_fraction"] == 0.0
 
 
 def test_pack_sql_concatenates_every_field_in_order_and_orders_clips_by_index() -> None:
@@ -71,6 +84,7 @@ def episode_rows(episodes: list[dict[str, Any]]) -> pa.Table:
         "camera_skew_s": [],
         "imu_skew_s": [],
         "imu_rate_hz": [],
+        "duplicate_of": [],
     }
     packed: list[bytes] = []
     for ep in episodes:
@@ -94,6 +108,13 @@ def clip(index: int, shard_no: int, imu: bool = True) -> dict[str, Any]:
         "clip_index": index,
         "frame_count": 300,
         "shard_no": shard_no,
+        "sharpness": 250.0,
+        "mean_luma": 110.0,
+        "highlights": 0.0,
+        "shadows": 0.125,
+        "frozen_fraction": 0.0,
+        "blocked_fraction": 0.0,
+        "motion": 0.5,
     }
 
 
@@ -125,6 +146,7 @@ def episode(
         "camera_skew_s": 0.0,
         "imu_skew_s": 0.05,
         "imu_rate_hz": 200.0,
+        "duplicate_of": None,
     }
 
 
@@ -133,7 +155,7 @@ def test_explode_gives_one_row_per_clip_with_its_episode_facts_and_shard() -> No
         episode_rows(
             [
                 episode("ep1", "dev1", ["sA", "sB"], [clip(0, 0), clip(1, 1, imu=False)]),
-                episode("ep2", "dev1", ["sB"], [clip(0, 0)]),
+                {**episode("ep2", "dev1", ["sB"], [clip(0, 0)]), "duplicate_of": "ep1"},
                 episode("ep3", "dev2", [], []),
             ]
         )
@@ -150,6 +172,8 @@ def test_explode_gives_one_row_per_clip_with_its_episode_facts_and_shard() -> No
     assert rows[1]["byte_offset"] == 1512 and rows[1]["clip_start_s"] == 10.0
     assert all(r["device_id"] == "dev1" and r["width"] == 1280 for r in rows)
     assert rows[0]["started_at"] == datetime(2026, 1, 1, tzinfo=UTC)
+    assert [r["duplicate_of"] for r in rows] == [None, None, "ep1"]
+    assert rows[0]["shadows"] == 0.125 and rows[0]["motion"] == 0.5
     # Repeated strings are dictionaries: the shard keys once each, not once per clip.
     shard = table.column("shard_key").chunk(0)
     assert pa.types.is_dictionary(shard.type) and shard.dictionary.to_pylist() == ["sA", "sB"]

@@ -1,0 +1,385 @@
+"""Curation in the warehouse on the real stack: crafted events with signals and clip quality,
+applied through the metadata service's own `apply_batch`; the manifest filters leave out exactly
+the flagged episodes, duplicates name the earliest copy, and replays in any order agree."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from schemas.events import (
+    TOPIC_DECODED,
+    TOPIC_SHARDS,
+    TOPIC_UPLOADED,
+    TOPIC_VALIDATED,
+    ClipQuality,
+    ClipRecord,
+    EpisodeDecoded,
+    EpisodeRef,
+    EpisodeSignals,
+    EpisodeUploaded,
+    EpisodeValidated,
+    ShardsWritten,
+    SourceFile,
+    StreamInfo,
+    StreamSignals,
+    Verdict,
+    derive_event_id,
+)
+from services.common.objectstore import object_store
+from services.common.settings import CurationSettings, Settings
+from services.manifest.build import build_manifest
+from services.manifest.lineage import lineage
+from services.manifest.load import load_manifest
+from services.manifest.query import ExposureBounds, ManifestFilter
+from services.metadata.app import apply_batch
+from services.metadata.warehouse import make_engine, upgrade
+from tests.fixtures.stack import FreshDatabase
+
+pytestmark = pytest.mark.connected
+
+T0 = datetime(2026, 6, 1, tzinfo=UTC)
+GOOD = ClipQuality(
+    sharpness=300.0,
+    mean_luma=120.0,
+    highlights=0.01,
+    shadows=0.02,
+    frozen_fraction=0.0,
+    blocked_fraction=0.0,
+    motion=0.4,
+)
+TABLES = (
+    "episodes",
+    "raw_objects",
+    "clips",
+    "episode_quality",
+    "phash_bands",
+    "near_duplicates",
+    "manifest_episodes",
+)
+
+
+def flip(h: int, bits: int, rng: random.Random) -> int:
+    for bit in rng.sample(range(64), bits):
+        h ^= 1 << bit
+    return h
+
+
+@dataclass(frozen=True)
+class Crafted:
+    episode_id: str
+    device_id: str
+    minute: int  # started_at = T0 + minutes: "earlier" is by start time
+    video_sha256: str
+    hashes: list[int]
+    quality: ClipQuality = GOOD
+    std_luma: float = 40.0
+    clips: int = 3
+    tags: list[str] = field(default_factory=list)
+
+    @property
+    def ref(self) -> EpisodeRef:
+        sha = self.video_sha256
+        return EpisodeRef(
+            episode_id=self.episode_id,
+            device_id=self.device_id,
+            session_id=f"s-{self.episode_id}",
+            started_at=T0 + timedelta(minutes=self.minute),
+            video=SourceFile(
+                key=f"raw/{self.device_id}/{self.episode_id}/{sha}.mp4", sha256=sha, size_bytes=1
+            ),
+        )
+
+    def records(self) -> list[tuple[str, bytes]]:
+        ref, eid = self.ref, self.episode_id
+        stream = StreamInfo(
+            index=0, codec="h264", width=640, height=480, fps=30.0, duration_s=6.0,
+            frame_count=180, keyframe_count=3,
+        )  # fmt: skip
+        decoded = EpisodeDecoded(
+            event_id=derive_event_id(TOPIC_DECODED, eid),
+            produced_at=T0,
+            episode=ref,
+            container_format="mp4",
+            container_complete=True,
+            duration_s=6.0,
+            streams=[stream],
+            primary_stream=0,
+            keyframe_times_s=[0.0, 2.0, 4.0],
+            observed_sha256=self.video_sha256,
+        )
+        n = len(self.hashes)
+        signals = EpisodeSignals(
+            sample_s=1.0,
+            streams=[
+                StreamSignals(
+                    camera="main",
+                    stream_index=0,
+                    t_s=[float(i) for i in range(n)],
+                    sharpness=[self.quality.sharpness or 0.0] * n,
+                    mean_luma=[self.quality.mean_luma or 0.0] * n,
+                    std_luma=[self.std_luma] * n,
+                    highlights=[self.quality.highlights or 0.0] * n,
+                    shadows=[self.quality.shadows or 0.0] * n,
+                    phash=[f"{h:016x}" for h in self.hashes],
+                )
+            ],
+        )
+        validated = EpisodeValidated(
+            event_id=derive_event_id(TOPIC_VALIDATED, eid),
+            produced_at=T0,
+            decoded=decoded,
+            verdict=Verdict.ACCEPT,
+            signals=signals,
+        )
+        shard_sha = derive_event_id("shard", eid) * 2
+        clips = [
+            ClipRecord(
+                clip_key=f"{eid}_{i:05d}",
+                episode_id=eid,
+                clip_index=i,
+                start_s=2.0 * i,
+                duration_s=2.0,
+                frame_count=60,
+                mp4_offset=512 + 4096 * i,
+                mp4_length=3000,
+                json_offset=3600 + 4096 * i,
+                json_length=200,
+                quality=self.quality,
+            )
+            for i in range(self.clips)
+        ]
+        shards = ShardsWritten(
+            event_id=derive_event_id(TOPIC_SHARDS, eid),
+            produced_at=T0,
+            shard_key=f"shards/v1/{shard_sha[:2]}/{shard_sha}.tar",
+            index_key=f"shards/v1/{shard_sha[:2]}/{shard_sha}.index.json",
+            shard_sha256=shard_sha,
+            size_bytes=4096 * self.clips,
+            episodes=[ref],
+            clips=clips,
+        )
+        uploaded = EpisodeUploaded(
+            event_id=derive_event_id(TOPIC_UPLOADED, eid), produced_at=T0, episode=ref
+        )
+        return [
+            (TOPIC_UPLOADED, uploaded.model_dump_json().encode()),
+            (TOPIC_DECODED, decoded.model_dump_json().encode()),
+            (TOPIC_VALIDATED, validated.model_dump_json().encode()),
+            (TOPIC_SHARDS, shards.model_dump_json().encode()),
+        ]
+
+
+def corpus() -> list[Crafted]:
+    rng = random.Random(17)
+    base = [rng.getrandbits(64) for _ in range(12)]
+    sha = [derive_event_id("video", str(i)) * 2 for i in range(10)]
+    black = [0x8000000000000000] * 8  # what a covered lens hashes to: the same every frame
+
+    def fresh() -> list[int]:
+        return [rng.getrandbits(64) for _ in range(12)]
+
+    return [
+        Crafted("cur-clean", "dev-a", 0, sha[0], base),
+        Crafted("cur-blur", "dev-a", 1, sha[1], fresh(), GOOD.model_copy(update={"sharpness": 4})),
+        Crafted(
+            "cur-frozen",
+            "dev-a",
+            2,
+            sha[2],
+            fresh(),
+            GOOD.model_copy(update={"frozen_fraction": 0.9}),
+        ),
+        Crafted(
+            "cur-bright", "dev-b", 3, sha[3], fresh(), GOOD.model_copy(update={"highlights": 0.6})
+        ),
+        Crafted("cur-noimu", "dev-b", 4, sha[4], fresh(), GOOD.model_copy(update={"motion": None})),
+        # The same bytes again, under another id and device, later: an exact duplicate.
+        Crafted("cur-exact", "dev-c", 5, sha[0], base),
+        # Re-encoded and trimmed: frames 3..7 of the clean one, 3 bits off each (5 of its 12:
+        # under half of the longer one, all of the shorter one, which is what the rule counts).
+        Crafted("cur-near", "dev-c", 6, sha[5], [flip(h, 3, rng) for h in base[3:8]]),
+        # Similar but different: every hash 14 bits away (the rule matches within 10).
+        Crafted("cur-similar", "dev-c", 7, sha[6], [flip(h, 14, rng) for h in base]),
+        # Two covered-lens recordings: identical uniform frames, which carry no signature.
+        Crafted("cur-dark1", "dev-d", 8, sha[7], black, std_luma=0.5),
+        Crafted("cur-dark2", "dev-d", 9, sha[8], black, std_luma=0.5),
+    ]
+
+
+def records_of(episodes: list[Crafted]) -> list[tuple[str, bytes]]:
+    return [record for crafted in episodes for record in crafted.records()]
+
+
+def apply_all(settings: Settings, records: list[tuple[str, bytes]], batch: int) -> None:
+    engine = make_engine(settings)
+    try:
+        for start in range(0, len(records), batch):
+            assert apply_batch(engine, records[start : start + batch], settings) == {}
+    finally:
+        engine.dispose()
+
+
+def dump(settings: Settings) -> dict[str, list[tuple[object, ...]]]:
+    out: dict[str, list[tuple[object, ...]]] = {}
+    with psycopg.connect(settings.database_libpq_url) as conn:
+        for table in TABLES:
+            cur = conn.execute(f"SELECT * FROM {table}")  # noqa: S608 (fixed table names)
+            names = [d.name for d in cur.description or []]
+            keep = [i for i, n in enumerate(names) if n != "updated_at"]
+            out[table] = sorted((tuple(repr(row[i]) for i in keep) for row in cur), key=str)
+    return out
+
+
+def selected(settings: Settings, out: Path, flt: ManifestFilter) -> tuple[set[str], str]:
+    engine = make_engine(settings)
+    try:
+        built = build_manifest(
+            settings.database_libpq_url, engine, object_store(settings), flt, out
+        )
+    finally:
+        engine.dispose()
+    table = load_manifest(built.local_path)
+    return {str(e) for e in table.column("episode_id").to_pylist()}, built.manifest_id
+
+
+@pytest.fixture(scope="module")
+def warehouse(stack: Settings) -> Iterator[Settings]:
+    """One fresh database holding the crafted corpus, applied in order in batches of 7."""
+    import uuid
+
+    from psycopg import sql
+
+    base, _, _ = stack.database_libpq_url.rpartition("/")
+    name = f"test_curation_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(f"{base}/postgres", autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    settings = stack.model_copy(update={"database_url": f"{base}/{name}"})
+    upgrade(settings)
+    apply_all(settings, records_of(corpus()), batch=7)
+    yield settings
+    with psycopg.connect(f"{base}/postgres", autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+        )
+
+
+ALL = {c.episode_id for c in corpus()}
+
+
+def test_quality_filters_leave_out_exactly_the_flagged_episodes(
+    warehouse: Settings, tmp_path: Path
+) -> None:
+    def pick(**kwargs: object) -> set[str]:
+        flt = ManifestFilter.model_validate(kwargs)
+        return selected(warehouse, tmp_path / str(len(list(tmp_path.iterdir()))), flt)[0]
+
+    assert pick() == ALL
+    assert pick(min_sharpness=50.0) == ALL - {"cur-blur"}
+    assert pick(max_frozen_fraction=0.5) == ALL - {"cur-frozen"}
+    bounds = ExposureBounds.of(CurationSettings())
+    assert pick(exposure_ok=bounds.model_dump()) == ALL - {"cur-bright"}
+    assert pick(min_motion=0.1) == ALL - {"cur-noimu"}  # no IMU: no motion value
+    # The canonical copies stay; the exact and the near duplicate (both later) go.
+    assert pick(exclude_duplicates=True) == ALL - {"cur-exact", "cur-near"}
+    everything = pick(
+        min_sharpness=50.0,
+        max_frozen_fraction=0.5,
+        exposure_ok=bounds.model_dump(),
+        min_motion=0.1,
+        exclude_duplicates=True,
+    )
+    assert everything == {"cur-clean", "cur-similar", "cur-dark1", "cur-dark2"}
+
+
+def test_duplicates_name_the_earliest_copy_with_their_evidence(warehouse: Settings) -> None:
+    with psycopg.connect(warehouse.database_libpq_url) as conn:
+        marked = conn.execute(
+            "SELECT episode_id, duplicate_of, duplicate_kind FROM manifest_episodes "
+            "WHERE duplicate_of IS NOT NULL ORDER BY episode_id"
+        ).fetchall()
+        pairs = conn.execute(
+            "SELECT episode_id, duplicate_of, shared, frames, min_distance FROM near_duplicates "
+            "ORDER BY episode_id, duplicate_of"
+        ).fetchall()
+        dark = conn.execute(
+            "SELECT informative_frames, frames FROM episode_quality WHERE episode_id = 'cur-dark1'"
+        ).fetchone()
+    assert marked == [("cur-exact", "cur-clean", "exact"), ("cur-near", "cur-clean", "near")]
+    # The exact copy has the same frames too; the trimmed copy matches all 5 of its frames.
+    assert pairs == [
+        ("cur-exact", "cur-clean", 1.0, 12, 0),
+        ("cur-near", "cur-clean", 1.0, 5, 3),
+        ("cur-near", "cur-exact", 1.0, 5, 3),
+    ]
+    assert dark == (0, 8)  # uniform frames: no signature, so no covered-lens "duplicates"
+    engine = make_engine(warehouse)
+    try:
+        (entry, *_) = lineage(engine, "cur-near", "v1", 0)
+        (blurred, *_) = lineage(engine, "cur-blur", "v1", 0)
+    finally:
+        engine.dispose()
+    assert entry["duplicate_of"] == "cur-clean" and entry["duplicate_kind"] == "near"
+    assert blurred["sharpness"] == 4.0 and blurred["duplicate_of"] is None
+    assert blurred["episode_min_sharpness"] == 4.0 and blurred["motion"] == 0.4
+
+
+def test_replays_in_any_order_give_the_same_tables_and_manifest(
+    warehouse: Settings, fresh_database: FreshDatabase, tmp_path: Path
+) -> None:
+    records = records_of(corpus())
+    reversed_db, shuffled_db = fresh_database(), fresh_database()
+    upgrade(reversed_db)
+    upgrade(shuffled_db)
+    # Later episodes first: each duplicate is stored before its canonical copy.
+    apply_all(reversed_db, records[::-1], batch=3)
+    doubled = records * 2
+    random.Random(5).shuffle(doubled)
+    apply_all(shuffled_db, doubled, batch=5)
+    expected = dump(warehouse)
+    assert dump(reversed_db) == expected
+    assert dump(shuffled_db) == expected
+    flt = ManifestFilter(exclude_duplicates=True, min_sharpness=1.0)
+    ids = {selected(db, tmp_path / str(i), flt)[1] for i, db in enumerate((warehouse, shuffled_db))}
+    assert len(ids) == 1  # byte-identical manifests
+
+
+def test_manifest_rows_carry_quality_and_duplicate_of_and_inspect_shows_them(
+    warehouse: Settings, tmp_path: Path
+) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from services.cli import app
+
+    engine = make_engine(warehouse)
+    try:
+        built = build_manifest(
+            warehouse.database_libpq_url,
+            engine,
+            object_store(warehouse),
+            ManifestFilter(),
+            tmp_path,
+        )
+    finally:
+        engine.dispose()
+    rows = load_manifest(built.local_path).to_pylist()
+    by_episode = {r["episode_id"]: r for r in rows}
+    assert by_episode["cur-near"]["duplicate_of"] == "cur-clean"
+    assert by_episode["cur-clean"]["duplicate_of"] is None
+    assert by_episode["cur-blur"]["sharpness"] == 4.0
+    assert by_episode["cur-noimu"]["motion"] is None and by_episode["cur-clean"]["motion"] > 0
+    shown = CliRunner().invoke(app, ["manifest", "inspect", str(built.local_path)])
+    assert shown.exit_code == 0, shown.output
+    summary = json.loads(shown.stdout.strip().splitlines()[-1])
+    assert summary["format_version"] == 4
+    assert summary["duplicate_rows"] == 6 and summary["duplicates_of"] == ["cur-clean"]
+    assert summary["quality"]["motion"]["nulls"] == 3
+    assert summary["quality"]["sharpness"]["min"] == 4.0
