@@ -139,3 +139,20 @@ def bench_chaos(
     result = _run_bench(lambda settings, log: run(settings, episodes, kills, seed, log=log))
     if any(result[k] for k in ("lost", "duplicates", "unreferenced_shards", "unreadable_rows")):
         raise typer.Exit(1)
+
+
+@bench_app.command("curate")
+def bench_curate(
+    episodes: Annotated[int, typer.Option(min=16)] = 200,
+    seed: Annotated[int, typer.Option(help="-1: fresh episode ids each run")] = -1,
+    lookup_episodes: Annotated[
+        int, typer.Option(min=1000, help="signatures seeded for the near-duplicate lookups")
+    ] = 1_000_000,
+    as_json: Annotated[bool, typer.Option("--json", help="only the JSON line on stdout")] = False,
+) -> None:
+    """Content signals and duplicates against labelled media: per class precision and recall,
+    the validate stage's extra CPU for the signals, near-duplicate lookup time at scale."""
+    from services.bench.curate import bench_curate as run
+
+    del as_json
+    _run_bench(lambda settings, log: run(settings, episodes, seed, log, lookup_episodes))

@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ProcessPoolExecutor
@@ -24,9 +25,12 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import Engine, func, select
+
 from schemas.events import EpisodeUploaded
 from services.common.objectstore import ObjectStore
-from services.common.settings import CurationSettings
+from services.common.settings import CurationSettings, Settings
+from services.metadata.warehouse import clips, manifest_episodes
 from services.synth.realistic import RealisticCase, curation_cases, with_originals, write_case
 
 CLASSES = ("blur", "overexposed", "underexposed", "frozen", "covered", "static", "duplicate")
@@ -50,7 +54,8 @@ class EpisodeFacts:
 
     episode_id: str
     sharpness: float | None  # lowest clip median
-    mean_luma: float | None  # the clip furthest from mid-grey
+    min_luma: float | None  # darkest clip's mean luma
+    max_luma: float | None  # brightest clip's mean luma
     highlights: float | None  # highest
     shadows: float | None  # highest
     frozen_fraction: float  # highest
@@ -69,12 +74,11 @@ def predict(facts: EpisodeFacts, cur: CurationSettings, th: Thresholds) -> set[s
         out.add("duplicate")
     covered = facts.blocked_fraction >= th.min_blocked_fraction
     static = facts.motion is not None and facts.motion < th.min_motion
-    luma = facts.mean_luma
     over = (facts.highlights or 0.0) > cur.max_highlights or (
-        luma is not None and luma > cur.max_mean_luma
+        facts.max_luma is not None and facts.max_luma > cur.max_mean_luma
     )
     under = (facts.shadows or 0.0) > cur.max_shadows or (
-        luma is not None and luma < cur.min_mean_luma
+        facts.min_luma is not None and facts.min_luma < cur.min_mean_luma
     )
     if covered:
         out.add("covered")
@@ -180,4 +184,142 @@ def signal_overhead(
         "validate_cpu_s_without_signals": round(spent["off"], 3),
         "validate_cpu_s_with_signals": round(spent["on"], 3),
         "extra_cpu_fraction": round((spent["on"] - spent["off"]) / max(spent["off"], 1e-9), 4),
+    }
+
+
+def episode_facts(engine: Engine, ids: list[str], pipeline_version: str) -> dict[str, EpisodeFacts]:
+    """Each episode's worst clip values (from `clips`) and duplicate mark (from
+    `manifest_episodes`): what the manifest filters see."""
+    c = clips.c
+    rows = (
+        select(
+            c.episode_id,
+            func.min(c.sharpness),
+            func.min(c.mean_luma),
+            func.max(c.mean_luma),
+            func.max(c.highlights),
+            func.max(c.shadows),
+            func.max(c.frozen_fraction),
+            func.max(c.blocked_fraction),
+            func.min(c.motion),
+        )
+        .where(c.episode_id.in_(ids), c.pipeline_version == pipeline_version)
+        .group_by(c.episode_id)
+    )
+    marks = select(manifest_episodes.c.episode_id, manifest_episodes.c.duplicate_of).where(
+        manifest_episodes.c.episode_id.in_(ids),
+        manifest_episodes.c.pipeline_version == pipeline_version,
+    )
+    with engine.connect() as conn:
+        duplicate_of = {str(e): d for e, d in conn.execute(marks)}
+        out = {}
+        for e, sharp, lo, hi, high, low, frozen, blocked, motion in conn.execute(rows):
+            out[str(e)] = EpisodeFacts(
+                episode_id=str(e),
+                sharpness=sharp,
+                min_luma=lo,
+                max_luma=hi,
+                highlights=high,
+                shadows=low,
+                frozen_fraction=frozen or 0.0,
+                blocked_fraction=blocked or 0.0,
+                motion=motion,
+                duplicate_of=None
+                if duplicate_of.get(str(e)) is None
+                else str(duplicate_of[str(e)]),
+            )
+    return out
+
+
+def bench_curate(
+    settings: Settings,
+    episodes: int,
+    seed: int,
+    log: Callable[[str], None],
+    lookup_episodes: int = 1_000_000,
+    overhead_sample: int = 40,
+) -> dict[str, Any]:
+    """`egoline bench curate`: the mix through a fleet of its own, scored; the CPU share of the
+    signals in validate; near-duplicate lookups at `lookup_episodes`."""
+    from services.agent.runner import make_agent
+    from services.bench.chaos import statuses
+    from services.bench.near_dup import near_dup_lookup_bench
+    from services.common.objectstore import object_store
+    from services.metadata.core import TERMINAL
+    from services.metadata.warehouse import make_engine
+    from services.stack.fleet import Fleet
+
+    if seed < 0:  # fresh episode ids each run
+        seed = int(time.time()) % 9000 + 1000
+    work = settings.stack_dir / "bench-curate"
+    shutil.rmtree(work, ignore_errors=True)
+    started = time.perf_counter()
+    dirs = write_mix(episodes, seed, work / "episodes", jobs=2, log=log)
+    encode_s = time.perf_counter() - started
+    truth_labels = labels(dirs)
+    ids = sorted(truth_labels)
+    engine = make_engine(settings)
+    store = object_store(settings)
+    fleet = Fleet(work / "logs", env={"EGOLINE_START_JITTER_S": "0", "EGOLINE_BATCH_WAIT_S": "0.5"})
+    fleet.start_all()
+    try:
+        if statuses(engine, ids):
+            raise RuntimeError(f"seed {seed}: these episodes are already in the warehouse")
+        fleet.wait_ready()
+        agent = make_agent(settings.for_agent(work / "agent"), store)
+        pipeline_started = time.perf_counter()
+        counts = agent.run_once(dirs, 600.0)
+        log(f"uploaded: {counts}")
+        deadline = time.monotonic() + 1800
+        while True:
+            state = statuses(engine, ids)
+            done = sum(1 for s in state.values() if s in TERMINAL)
+            log(f"in the warehouse: {done}/{len(ids)} terminal")
+            if done == len(ids) or time.monotonic() > deadline:
+                break
+            time.sleep(5)
+        pipeline_s = time.perf_counter() - pipeline_started
+    finally:
+        fleet.stop()
+    facts = episode_facts(engine, ids, settings.pipeline_version)
+    cur = settings.curation
+    predicted = {e: predict(f, cur, Thresholds()) for e, f in facts.items()}
+    truth = {e: truth_of(label) for e, label in truth_labels.items()}
+    scores = score(truth, predicted)
+    wrong = {
+        e: {"truth": sorted(truth[e]), "predicted": sorted(predicted.get(e, set()))}
+        for e in ids
+        if truth[e] != predicted.get(e, set())
+    }
+    log(f"classes: {json.dumps(scores)}")
+    log(f"misclassified: {json.dumps(wrong)}")
+    log("validate CPU with signals off and on (fleet stopped)")
+    uploaded = [
+        EpisodeUploaded.model_validate_json(row.event_json)
+        for row in agent.journal.episodes()
+        if row.event_json
+    ][:overhead_sample]
+    overhead = signal_overhead(store, uploaded, settings.pipeline_version)
+    log(f"signals in validate: {json.dumps(overhead)}")
+    log(f"near-duplicate lookups at {lookup_episodes} seeded episodes")
+    lookup = near_dup_lookup_bench(settings, episodes=lookup_episodes)["near_dup_lookup"]
+    engine.dispose()
+    if not isinstance(lookup, dict):
+        raise TypeError("near_dup_lookup_bench returned no figures")
+    return {
+        "episodes": len(ids),
+        "cataloged": sum(1 for s in state.values() if s in TERMINAL),
+        "sharded": len(facts),
+        "classes": scores,
+        "min_precision": min(float(v["precision"]) for v in scores.values()),
+        "min_recall": min(float(v["recall"]) for v in scores.values()),
+        **overhead,
+        "near_dup_lookup_episodes": lookup_episodes,
+        "near_dup_lookup_p50_ms": lookup.get("p50_ms"),
+        "near_dup_lookup_p99_ms": lookup.get("p99_ms"),
+        "near_dup_lookup": lookup,
+        "misclassified": wrong,
+        "encode_s": round(encode_s, 1),
+        "pipeline_s": round(pipeline_s, 1),
+        "seed": seed,
     }

@@ -40,7 +40,8 @@ FROM (
     SELECT 'nd' || lpad(e::text, 8, '0') AS episode_id, f::smallint AS frame,
            ('x' || substr(md5(e::text || ':' || f::text || ':' || %(salt)s), 1, 16))
                ::bit(64)::bigint AS phash
-    FROM generate_series(%(first)s, %(last)s) AS e, generate_series(0, %(frames)s - 1) AS f
+    FROM generate_series(%(first)s::bigint, %(last)s::bigint) AS e,
+         generate_series(0, %(frames)s::integer - 1) AS f
 ) h, generate_series(0, 3) AS b(band)
 """
 _SIGNATURES_SQL = """
