@@ -237,7 +237,8 @@ def bench_curate(
     seed: int,
     log: Callable[[str], None],
     lookup_episodes: int = 1_000_000,
-    overhead_sample: int = 40,
+    overhead_sample: int = 24,
+    hd_episodes: int = 8,
 ) -> dict[str, Any]:
     """`egoline bench curate`: the mix through a fleet of its own, scored; the CPU share of the
     signals in validate; near-duplicate lookups at `lookup_episodes`."""
@@ -255,6 +256,23 @@ def bench_curate(
     shutil.rmtree(work, ignore_errors=True)
     started = time.perf_counter()
     dirs = write_mix(episodes, seed, work / "episodes", jobs=2, log=log)
+    # Clean 720p recordings beside the mix (the mix is 320x240, to encode fast): the
+    # validate CPU the signals add is measured on these, as devices record.
+    hd = [
+        write_case(
+            RealisticCase(
+                f"hd_{i:02d}",
+                codec=("h264", "h265")[i % 2],
+                duration_s=10.0,
+                width=1280,
+                height=720,
+            ),
+            work / "episodes",
+            seed,
+        )
+        for i in range(hd_episodes)
+    ]
+    dirs += hd
     encode_s = time.perf_counter() - started
     truth_labels = labels(dirs)
     ids = sorted(truth_labels)
@@ -294,13 +312,18 @@ def bench_curate(
     log(f"classes: {json.dumps(scores)}")
     log(f"misclassified: {json.dumps(wrong)}")
     log("validate CPU with signals off and on (fleet stopped)")
-    uploaded = [
+    announced = [
         EpisodeUploaded.model_validate_json(row.event_json)
         for row in agent.journal.episodes()
         if row.event_json
-    ][:overhead_sample]
-    overhead = signal_overhead(store, uploaded, settings.pipeline_version)
-    log(f"signals in validate: {json.dumps(overhead)}")
+    ]
+    hd_ids = {d.name for d in hd}
+    overhead = signal_overhead(
+        store, [u for u in announced if u.episode.episode_id in hd_ids], settings.pipeline_version
+    )
+    mix = [u for u in announced if u.episode.episode_id not in hd_ids][:overhead_sample]
+    overhead_mix = signal_overhead(store, mix, settings.pipeline_version)
+    log(f"signals in validate: 720p {json.dumps(overhead)}, mix {json.dumps(overhead_mix)}")
     log(f"near-duplicate lookups at {lookup_episodes} seeded episodes")
     lookup = near_dup_lookup_bench(settings, episodes=lookup_episodes)["near_dup_lookup"]
     engine.dispose()
@@ -314,6 +337,8 @@ def bench_curate(
         "min_precision": min(float(v["precision"]) for v in scores.values()),
         "min_recall": min(float(v["recall"]) for v in scores.values()),
         **overhead,
+        "extra_cpu_fraction_at": "1280x720 h264/h265, encoder defaults",
+        "extra_cpu_fraction_mix_320x240": overhead_mix["extra_cpu_fraction"],
         "near_dup_lookup_episodes": lookup_episodes,
         "near_dup_lookup_p50_ms": lookup.get("p50_ms"),
         "near_dup_lookup_p99_ms": lookup.get("p99_ms"),

@@ -131,9 +131,12 @@ def run_decode(job: DecodeJob) -> EpisodeDecoded:
     return decode_episode(worker_store(), job.uploaded, job.pipeline_version, worker_fetch_raw)
 
 
-def build_stage(settings: Settings) -> Stage[DecodeJob, EpisodeDecoded]:
+def build_stage() -> Stage[DecodeJob, EpisodeDecoded]:
     def prepare(_topic: str, value: bytes) -> DecodeJob:
-        return DecodeJob(parse_event(value, EpisodeUploaded), settings.pipeline_version)
+        # The version travels with the episode: the agent announces it with its configured
+        # one, `egoline backfill` re-announces it with a new one (docs/curation.md).
+        uploaded = parse_event(value, EpisodeUploaded)
+        return DecodeJob(uploaded, uploaded.pipeline_version)
 
     def finish(_jobs: dict[int, DecodeJob], results: dict[int, EpisodeDecoded]) -> Finished:
         return Finished([Output(TOPIC_DECODED, r, r.episode.episode_id) for r in results.values()])
@@ -155,4 +158,4 @@ def build_stage(settings: Settings) -> Stage[DecodeJob, EpisodeDecoded]:
 
 def build_app(settings: Settings) -> FastStream:
     broker = make_broker(settings, "decode")
-    return stage_app(settings, broker, build_stage(settings))
+    return stage_app(settings, broker, build_stage())

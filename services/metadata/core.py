@@ -55,6 +55,7 @@ from services.metadata.warehouse import (
     dead_letters,
     decode_meta,
     devices,
+    episode_refs,
     episodes,
     pipeline_versions,
     raw_objects,
@@ -175,6 +176,14 @@ def statements_for(
             [
                 _seen(up.pipeline_version),
                 *upsert_episode(up.episode, EpisodeStatus.UPLOADED, split_key, eval_fraction),
+                _upsert(
+                    episode_refs,
+                    {
+                        "episode_id": up.episode.episode_id,
+                        "ref": up.episode.model_dump(mode="json"),
+                        "event_id": up.event_id,
+                    },
+                ),
             ],
             frozenset({up.episode.episode_id}),
         )

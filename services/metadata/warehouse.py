@@ -222,6 +222,16 @@ manifest_episodes = Table(
 )
 
 # Content signals summarized per episode and pipeline version (from `EpisodeValidated.signals`),
+# Each episode's announcement as uploaded (its EpisodeRef), the latest one: what `egoline
+# backfill` re-announces with a new pipeline version.
+episode_refs = Table(
+    "episode_refs",
+    metadata,
+    Column("episode_id", String(128), ForeignKey("episodes.episode_id"), primary_key=True),
+    Column("ref", JSONB, nullable=False),
+    Column("event_id", String(32), nullable=False),
+)
+
 # with its signature: the informative frames' 64-bit pHashes as signed bigints, in frame order
 # (services/metadata/duplicates.py).
 episode_quality = Table(

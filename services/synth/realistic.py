@@ -222,7 +222,7 @@ def _rgb(case: RealisticCase, frames: int, seed: int) -> Iterator[NDArray[np.uin
     if case.content == "static":
         # On a table: one view (no pan, no object, no scene cut); only sensor noise and a slow
         # +-2.5 level drift of the light (auto-exposure hunting) change, so it barely moves.
-        (still,) = scene.panning_frames(1, WIDTH, HEIGHT, seed)
+        (still,) = scene.panning_frames(1, case.width, case.height, seed)
         base = still.astype(np.float32)
         for i in range(frames):
             drift = 2.5 * np.sin(2 * np.pi * i / (4.0 * case.fps))
@@ -231,8 +231,8 @@ def _rgb(case: RealisticCase, frames: int, seed: int) -> Iterator[NDArray[np.uin
     cuts = _scene_cuts(frames, seed)
     flipped = False
     held: NDArray[np.uint8] | None = None
-    dark = np.full((HEIGHT, WIDTH, 3), 6, dtype=np.uint8)
-    for i, frame in enumerate(scene.panning_frames(frames, WIDTH, HEIGHT, seed)):
+    dark = np.full((case.height, case.width, 3), 6, dtype=np.uint8)
+    for i, frame in enumerate(scene.panning_frames(frames, case.width, case.height, seed)):
         if i in cuts:
             flipped = not flipped
         shown = _expose(case.content, (255 - frame) if flipped else frame)
@@ -245,9 +245,9 @@ def _rgb(case: RealisticCase, frames: int, seed: int) -> Iterator[NDArray[np.uin
         yield shown
 
 
-def _depth(frames: int, seed: int) -> Iterator[NDArray[np.uint16]]:
+def _depth(frames: int, width: int, height: int, seed: int) -> Iterator[NDArray[np.uint16]]:
     """16-bit depth in millimetres: the radial scene scaled to 0.3-4 m."""
-    for frame in scene.depth_frames(frames, WIDTH, HEIGHT, seed):
+    for frame in scene.depth_frames(frames, width, height, seed):
         yield (300 + frame[..., 0].astype(np.uint16) * 14).astype(np.uint16)
 
 
@@ -291,8 +291,8 @@ def _video(case: RealisticCase, path: Path, seed: int, offset_s: float = 0.0) ->
             pts,
             tb,
             case.fps,
-            WIDTH,
-            HEIGHT,
+            case.width,
+            case.height,
             pix,
             options,
             title="rgb" if case.depth else None,
@@ -303,12 +303,12 @@ def _video(case: RealisticCase, path: Path, seed: int, offset_s: float = 0.0) ->
         streams.append(
             DeviceVideo(
                 "ffv1",
-                _depth(len(pts), seed),
+                _depth(len(pts), case.width, case.height, seed),
                 pts,
                 tb,
                 case.fps,
-                WIDTH,
-                HEIGHT,
+                case.width,
+                case.height,
                 "gray16le",
                 {},
                 title="depth",

@@ -365,14 +365,16 @@ async def test_metadata_dead_letters_unreadable_records_by_their_topic(
         await metadata_harness.deliver(b'{"event_id": 1}', topic="episodes.uploaded")
         await metadata_harness.deliver(b"[[[", topic="episodes.decoded.dlq")
     # The metadata service also consumes the DLQs: the in-memory broker hands it its own dead
-    # letter at once, which (valid, but the warehouse is down) is rewound in between.
-    assert metadata_harness.journal.kinds() == [
+    # letter at once (to it and to the test's watcher, in no fixed order), which, valid but
+    # with the warehouse down, is rewound once.
+    kinds = metadata_harness.journal.kinds()
+    assert [k for k in kinds if k != "seek"] == [
         "publish:episodes.uploaded.dlq",
-        "seek",
         "commit",
         "publish:metadata.dlq",
         "commit",
     ]
+    assert kinds.count("seek") == 1 and kinds.index("seek") < kinds.index("commit")
     for dead in metadata_harness.journal.published("episodes.uploaded.dlq"):
         assert (dead["stage"], dead["reason_code"]) == ("metadata", "malformed_event")
 
