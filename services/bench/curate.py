@@ -262,6 +262,7 @@ def bench_curate(
         write_case(
             RealisticCase(
                 f"hd_{i:02d}",
+                seed_offset=9000 + 17 * i,  # each its own recording
                 codec=("h264", "h265")[i % 2],
                 duration_s=10.0,
                 width=1280,

@@ -451,6 +451,20 @@ def _spans_s(
     return [[round(float(pts[first] * tb), 6), round(stop, 6)]]
 
 
+def _started_at(
+    case: RealisticCase, source: RealisticCase, seed: int, trimmed_s: float
+) -> datetime:
+    """A recording's start. A copy is announced after its original, as a copy is: a trimmed
+    one starts where the kept part of the recording starts, a re-encoded one carries the time
+    it was exported again (an hour later), so the original is the earlier of the pair."""
+    start = datetime(2026, 6, 1, tzinfo=UTC) + timedelta(minutes=seed + source.seed_offset)
+    if case.content == "dup_trimmed":
+        return start + timedelta(seconds=trimmed_s)
+    if case.content == "dup_reencoded":
+        return start + timedelta(hours=1)
+    return start
+
+
 def write_case(
     case: RealisticCase, out_dir: Path, seed: int = 0, original: RealisticCase | None = None
 ) -> Path:
@@ -477,7 +491,7 @@ def write_case(
         "episode_id": episode_id,
         "device_id": f"rig{own_seed % 7:02d}",
         "session_id": f"sess-{own_seed:04d}-{case.name[:40].replace('_', '-')}",
-        "started_at": (datetime(2026, 6, 1, tzinfo=UTC) + timedelta(minutes=own_seed)).isoformat(),
+        "started_at": _started_at(case, source, seed, trimmed_s).isoformat(),
         "video": main,
         "tags": ["synthetic", "realistic", f"codec={case.codec}", *case.tags],
     }
