@@ -142,6 +142,7 @@ class SpooledClip:
 @dataclass(frozen=True)
 class CutEpisode:
     episode: EpisodeRef
+    pipeline_version: str  # the version its clips and shards are derived under
     clips: list[SpooledClip] = field(default_factory=list)
     done_events: list[str] = field(default_factory=list)  # set when already sharded
 
@@ -157,13 +158,16 @@ def cut_episode(
     episode = decoded.episode
     marker = episode_marker_key(validated.pipeline_version, episode.episode_id)
     if store.exists(marker):
-        return CutEpisode(episode, done_events=json.loads(store.get_bytes(marker))["events"])
+        done = json.loads(store.get_bytes(marker))["events"]
+        return CutEpisode(episode, validated.pipeline_version, done_events=done)
     # named by this worker's pid: if it is killed before `finish` packs and removes the spool,
     # the next worker swept it (`batch.init_worker`)
     spool = Path(job.spool_dir) / owned_name(f"{episode.episode_id}-{uuid.uuid4().hex[:8]}")
     spool.mkdir(parents=True)
     try:
-        return CutEpisode(episode, clips=_cut_into(store, job, fetch, spool))
+        return CutEpisode(
+            episode, validated.pipeline_version, clips=_cut_into(store, job, fetch, spool)
+        )
     except (RemuxError, ImuError, ProbeError) as exc:
         shutil.rmtree(spool, ignore_errors=True)
         raise PermanentError(ReasonCode.SHARD_WRITE_FAILED, str(exc)) from exc
@@ -542,13 +546,19 @@ def build_stage(settings: Settings, store: ObjectStore) -> Stage[ShardJob, CutEp
         cuts = list(results.values())
         replayed = [ShardsWritten.model_validate_json(e) for c in cuts for e in c.done_events]
         spool.mkdir(parents=True, exist_ok=True)
+        fresh: list[ShardsWritten] = []
         try:
-            todo, covered = split_covered(cuts, replayed)
-            for episode_id, events in covered.items():
-                marker = episode_marker_key(settings.pipeline_version, episode_id)
-                body = json.dumps({"events": [e.model_dump_json() for e in events]})
-                store.put_bytes(marker, body.encode(), "application/json")
-            fresh = pack_and_write(store, todo, target_bytes, settings.pipeline_version, spool)
+            # A shard holds clips of one pipeline version (a backfill's episodes share batches
+            # with new uploads): each version is packed on its own, under its own keys.
+            for version in sorted({c.pipeline_version for c in cuts}):
+                mine = [c for c in cuts if c.pipeline_version == version]
+                theirs = [e for e in replayed if e.pipeline_version == version]
+                todo, covered = split_covered(mine, theirs)
+                for episode_id, events in covered.items():
+                    marker = episode_marker_key(version, episode_id)
+                    body = json.dumps({"events": [e.model_dump_json() for e in events]})
+                    store.put_bytes(marker, body.encode(), "application/json")
+                fresh += pack_and_write(store, todo, target_bytes, version, spool)
         finally:
             for cut in cuts:
                 for clip in cut.clips:

@@ -28,16 +28,21 @@ pytestmark = pytest.mark.connected
 
 
 def cases() -> list[tuple[RealisticCase, RealisticCase | None]]:
-    original = RealisticCase("cur_original", duration_s=12.0)
+    """Each its own recording (`seed_offset`), but the copy: the original's frames again."""
+    original = RealisticCase("cur_original", duration_s=12.0, seed_offset=1)
     return [
         (original, None),
-        (RealisticCase("cur_clean_h265", codec="h265", duration_s=10.0), None),
-        (RealisticCase("cur_blur", content="blur", duration_s=10.0), None),
-        (RealisticCase("cur_frozen", content="frozen", duration_s=12.0), None),
-        (RealisticCase("cur_bright", content="overexposed", duration_s=10.0), None),
+        (RealisticCase("cur_clean_h265", codec="h265", duration_s=10.0, seed_offset=2), None),
+        (RealisticCase("cur_blur", content="blur", duration_s=10.0, seed_offset=3), None),
+        (RealisticCase("cur_frozen", content="frozen", duration_s=12.0, seed_offset=4), None),
+        (RealisticCase("cur_bright", content="overexposed", duration_s=10.0, seed_offset=5), None),
         (
             RealisticCase(
-                "cur_copy", content="dup_reencoded", duplicate_of="cur_original", duration_s=12.0
+                "cur_copy",
+                content="dup_reencoded",
+                duplicate_of="cur_original",
+                duration_s=12.0,
+                seed_offset=1,
             ),
             original,
         ),

@@ -66,6 +66,7 @@ def _construct(model: Any, **fields: Any) -> Any:
 def cut(episode_id: str, clips: int) -> CutEpisode:
     return CutEpisode(
         _construct(EpisodeRef, episode_id=episode_id),
+        "v1",
         [SpooledClip(episode_id, i, {}, []) for i in range(clips)],
     )
 
