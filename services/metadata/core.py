@@ -176,14 +176,7 @@ def statements_for(
             [
                 _seen(up.pipeline_version),
                 *upsert_episode(up.episode, EpisodeStatus.UPLOADED, split_key, eval_fraction),
-                _upsert(
-                    episode_refs,
-                    {
-                        "episode_id": up.episode.episode_id,
-                        "ref": up.episode.model_dump(mode="json"),
-                        "event_id": up.event_id,
-                    },
-                ),
+                _episode_ref_row(up),
             ],
             frozenset({up.episode.episode_id}),
         )
@@ -382,6 +375,21 @@ def refresh_all_manifest_episodes(conn: Connection, step: int = 50_000) -> Itera
         conn.execute(refresh_manifest_episodes(ids))
         done, last = done + len(ids), ids[-1]
         yield done
+
+
+def _episode_ref_row(up: EpisodeUploaded) -> Executable:
+    """An episode's announcement. Announced again (a backfill, a re-run agent) the ref is the
+    same; of the event ids the smallest is kept, so any replay order gives the same row."""
+    stmt = insert(episode_refs).values(
+        episode_id=up.episode.episode_id,
+        ref=up.episode.model_dump(mode="json"),
+        event_id=up.event_id,
+    )
+    return stmt.on_conflict_do_update(
+        index_elements=[episode_refs.c.episode_id],
+        set_={"ref": stmt.excluded.ref, "event_id": stmt.excluded.event_id},
+        where=stmt.excluded.event_id < episode_refs.c.event_id,
+    )
 
 
 def _upsert(table: Table, values: dict[str, Any]) -> Executable:
