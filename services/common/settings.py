@@ -137,7 +137,7 @@ class CurationSettings(_Group):
     min_mean_luma: float = Field(default=30.0, ge=0, le=255, description="--exposure-ok bound")
     max_mean_luma: float = Field(default=225.0, ge=0, le=255, description="--exposure-ok bound")
     near_dup_max_hamming: int = Field(
-        default=10, ge=0, le=64, description="two frames' perceptual hashes this close match"
+        default=7, ge=0, le=64, description="two frames' perceptual hashes this close match"
     )
     near_dup_min_shared: float = Field(
         default=0.5, gt=0, le=1, description="share of the shorter episode's frames that match"

@@ -522,6 +522,8 @@ def decode_keyframes(
             first.width * first.height,
             still_bits_per_pixel,
         )
+        if sampler is not None and spans and not first.failed:
+            _sample_still_spans(path, stream_index, spans, sampler, salvage_limit_bytes)
     if full or first.failed or first.decoded >= first.keyframes:
         return KeyframeCheck(first.decoded, first.failed, first.first_error, spans)
     second = _keyframe_pass(path, stream_index, full, salvage_limit_bytes, isolated=True)
@@ -548,6 +550,7 @@ def _sample_frames(
     sampler: SignalSampler | None,
     base: Fraction | None,
     origin_s: float,
+    force: bool = False,
 ) -> None:
     """Hand decoded frames to the sampler. Times from pts and the stream's time base: frames
     drained at the end of a pass carry their pts but no time base (`frame.time` is NaN)."""
@@ -557,11 +560,58 @@ def _sample_frames(
         if frame.pts is None:
             continue
         t_s = float(frame.pts * base) - origin_s
-        if not sampler.wants(t_s):
+        if not force and not sampler.wants(t_s):
             continue
         height = max(2, round(frame.height * SIGNAL_WIDTH / max(1, frame.width) / 2) * 2)
         gray = frame.reformat(width=SIGNAL_WIDTH, height=height, format="gray")
-        sampler.add(t_s, np.asarray(gray.to_ndarray(), dtype=np.uint8))
+        luma = np.asarray(gray.to_ndarray(), dtype=np.uint8)
+        if force:
+            sampler.insert(t_s, luma)
+        else:
+            sampler.add(t_s, luma)
+
+
+# A still span shows one picture: what it shows (a covered lens, a frozen scene) is read from
+# one decoded frame in its middle. At most this many spans per stream are looked into.
+MAX_STILL_SAMPLES = 4
+
+
+def _sample_still_spans(
+    path: Path,
+    stream_index: int,
+    spans: list[tuple[float, float]],
+    sampler: SignalSampler,
+    salvage_limit_bytes: int | None,
+) -> None:
+    """Decode the frame in the middle of each still span (the keyframe pass does not show
+    what a span holds: no keyframe need fall in it) and add it to the sampler. Seeks to the
+    keyframe before it and decodes forward; a still span's inter frames are near-empty, so
+    this costs about one keyframe each. An error here only leaves the sample out."""
+    with av.open(str(path)) as container:
+        stream = cast(VideoStream, container.streams[stream_index])
+        base = stream.time_base
+        if base is None:
+            return
+        origin_s = float(stream.start_time * base) if stream.start_time else 0.0
+        for start, end in spans[:MAX_STILL_SAMPLES]:
+            target = (start + end) / 2
+            try:
+                container.seek(int((target + origin_s) / base), stream=stream, backward=True)
+                for packet in container.demux(stream):
+                    if salvage_limit_bytes is not None and (
+                        packet.pos is not None and packet.pos + packet.size > salvage_limit_bytes
+                    ):
+                        break
+                    hit = [
+                        f
+                        for f in packet.decode()
+                        if f.pts is not None and float(f.pts * base) - origin_s >= target
+                    ]
+                    if hit:
+                        _sample_frames(hit[:1], sampler, base, origin_s, force=True)
+                        break
+            except av.error.FFmpegError:
+                continue
 
 
 def _keyframe_pass(

@@ -81,6 +81,12 @@ class SignalSampler:
         if self.wants(t_s):
             self.frames.append(frame_signal(t_s, luma))
 
+    def insert(self, t_s: float, luma: NDArray[np.uint8]) -> None:
+        """A frame sampled on purpose (inside a still span), kept in time order."""
+        if any(abs(f.t_s - t_s) < 1e-6 for f in self.frames):
+            return
+        bisect.insort(self.frames, frame_signal(t_s, luma), key=lambda f: f.t_s)
+
 
 def still_spans(
     pts_s: NDArray[np.float64],

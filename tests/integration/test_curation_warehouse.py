@@ -205,7 +205,7 @@ def corpus() -> list[Crafted]:
         # Re-encoded and trimmed: frames 3..7 of the clean one, 3 bits off each (5 of its 12:
         # under half of the longer one, all of the shorter one, which is what the rule counts).
         Crafted("cur-near", "dev-c", 6, sha[5], [flip(h, 3, rng) for h in base[3:8]]),
-        # Similar but different: every hash 14 bits away (the rule matches within 10).
+        # Similar but different: every hash 14 bits away (the rule matches within 7).
         Crafted("cur-similar", "dev-c", 7, sha[6], [flip(h, 14, rng) for h in base]),
         # Two covered-lens recordings: identical uniform frames, which carry no signature.
         Crafted("cur-dark1", "dev-d", 8, sha[7], black, std_luma=0.5),
