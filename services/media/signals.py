@@ -151,6 +151,30 @@ def stream_signals(
     )
 
 
+def _blocked_share(
+    s: StreamSignals, start_s: float, end_s: float, dark_luma: float, flat_std: float
+) -> float:
+    """Share of [start_s, end_s) the lens was covered: each moment shows what the latest sample
+    before it shows (the first one, before any), except inside a still span, which shows its
+    sampled frame (one picture throughout). On a 0.1 s grid."""
+    dark = [m < dark_luma and d < flat_std for m, d in zip(s.mean_luma, s.std_luma, strict=True)]
+    spans = [
+        (a, b, j)
+        for a, b in s.still_spans_s
+        for j in [next((j for j, t in enumerate(s.t_s) if a <= t < b), None)]
+        if j is not None
+    ]
+    steps = max(1, round((end_s - start_s) / 0.1))
+    covered = 0
+    for k in range(steps):
+        tau = start_s + (k + 0.5) * (end_s - start_s) / steps
+        inside = next((j for a, b, j in spans if a <= tau < b), None)
+        if inside is None:
+            inside = max(0, bisect.bisect_right(s.t_s, tau) - 1)
+        covered += dark[inside]
+    return covered / steps
+
+
 def _from_mid_grey(luma: float) -> float:
     return abs(luma - 127.5)
 
@@ -200,8 +224,7 @@ def clip_quality(
         luma.append(statistics.fmean(s.mean_luma[i] for i in picked))
         high.append(statistics.fmean(s.highlights[i] for i in picked))
         low.append(statistics.fmean(s.shadows[i] for i in picked))
-        dark = sum(1 for i in picked if s.mean_luma[i] < dark_luma and s.std_luma[i] < flat_std)
-        blocked = max(blocked, dark / len(picked))
+        blocked = max(blocked, _blocked_share(s, start_s, end_s, dark_luma, flat_std))
         frozen = max(frozen, min(1.0, _overlap(s.still_spans_s, start_s, end_s) / span))
     # the stream furthest from mid-grey is the worst exposed
     worst_luma: float | None = max(luma, key=_from_mid_grey) if luma else None
