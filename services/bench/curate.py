@@ -154,12 +154,11 @@ def labels(dirs: Iterable[Path]) -> dict[str, dict[str, Any]]:
 
 
 def signal_overhead(
-    store: ObjectStore, uploaded: list[EpisodeUploaded], pipeline_version: str, rounds: int = 2
+    store: ObjectStore, uploaded: list[EpisodeUploaded], pipeline_version: str, rounds: int = 5
 ) -> dict[str, float]:
-    """CPU seconds of the validate stage's function on these episodes with signals off and on
-    (alternating, `rounds` times each, after one warm-up pass), and the extra fraction."""
-    import tempfile
-
+    """CPU seconds of the validate stage's function on these episodes with signals off and on:
+    after one warm-up pass, `rounds` alternating passes of each, the fastest pass of each mode
+    compared (the object store's HTTP client and the page cache make single passes noisy)."""
     from services.common.rawcache import fetch_raw
     from services.decode.app import decode_episode
     from services.validate.app import validate_episode
@@ -170,20 +169,20 @@ def signal_overhead(
 
     decoded = [decode_episode(store, u, pipeline_version, fetch) for u in uploaded]
     on, off = RuleSet(signal_sample_s=1.0), RuleSet(signal_sample_s=None)
-    spent = {"on": 0.0, "off": 0.0}
-    with tempfile.TemporaryDirectory():
-        for d in decoded:  # warm-up: page cache, codec init
-            validate_episode(fetch, d, off)
-        for _ in range(rounds):
-            for name, rules in (("off", off), ("on", on)):
-                started = time.process_time()
-                for d in decoded:
-                    validate_episode(fetch, d, rules)
-                spent[name] += time.process_time() - started
+    for d in decoded:  # warm-up: page cache, codec init
+        validate_episode(fetch, d, on)
+    passes: dict[str, list[float]] = {"on": [], "off": []}
+    for _ in range(rounds):
+        for name, rules in (("off", off), ("on", on)):
+            started = time.process_time()
+            for d in decoded:
+                validate_episode(fetch, d, rules)
+            passes[name].append(time.process_time() - started)
+    best_off, best_on = min(passes["off"]), min(passes["on"])
     return {
-        "validate_cpu_s_without_signals": round(spent["off"], 3),
-        "validate_cpu_s_with_signals": round(spent["on"], 3),
-        "extra_cpu_fraction": round((spent["on"] - spent["off"]) / max(spent["off"], 1e-9), 4),
+        "validate_cpu_s_without_signals": round(best_off, 3),
+        "validate_cpu_s_with_signals": round(best_on, 3),
+        "extra_cpu_fraction": round((best_on - best_off) / max(best_off, 1e-9), 4),
     }
 
 

@@ -457,7 +457,10 @@ def _started_at(
     """A recording's start. A copy is announced after its original, as a copy is: a trimmed
     one starts where the kept part of the recording starts, a re-encoded one carries the time
     it was exported again (an hour later), so the original is the earlier of the pair."""
-    start = datetime(2026, 6, 1, tzinfo=UTC) + timedelta(minutes=seed + source.seed_offset)
+    # within a year of 2026-06-01 whatever the offsets
+    start = datetime(2026, 6, 1, tzinfo=UTC) + timedelta(
+        minutes=(seed + source.seed_offset) % 500_000
+    )
     if case.content == "dup_trimmed":
         return start + timedelta(seconds=trimmed_s)
     if case.content == "dup_reencoded":
@@ -596,6 +599,9 @@ def _plain(case: RealisticCase) -> bool:
     return case.container == "mp4" and not (case.depth or case.audio) and case.duration_s >= 12
 
 
+OFFSET_STRIDE = 100_003
+
+
 def curation_cases(count: int, seed: int = 0) -> list[RealisticCase]:
     """A labelled mix of `count` short (8-14 s) episodes for curation, deterministic by `seed`:
     about 4 % of each content defect and duplicate class (at least one of each when count >=
@@ -646,4 +652,7 @@ def curation_cases(count: int, seed: int = 0) -> list[RealisticCase]:
                 crf=(30 if smaller else 18) + (5 if original.codec == "h265" else 0),
             )
         out.append(dup)
-    return out
+    # Every recording its own content: random offsets collided (two "clean" cases of one mix held
+    # the same frames, a true duplicate labelled clean), and so did mixes of nearby seeds. A
+    # stride above any seed used keeps both apart; a copy takes its content from its original.
+    return [replace(c, seed_offset=(i + 1) * OFFSET_STRIDE) for i, c in enumerate(out)]
