@@ -252,6 +252,8 @@ class Settings(DeviceSettings):
     eval_fraction: float = Field(default=0.1, ge=0, le=1)
     metrics_port: int | None = Field(default=None, description="serve /metrics on this port")
     metrics_host: str = "127.0.0.1"
+    # `egoline up` serves the lag service (its web page, /lag.json, /metrics) on this port
+    page_port: int = Field(default=9308, ge=1, le=65535, description="egoline up's web page")
     start_jitter_s: float = Field(default=1.0, ge=0, description="staggered start: max delay")
     stage_workers: int = Field(default=2, ge=1, le=64, description="worker processes per stage")
     # Each worker process runs under an address-space limit (RLIMIT_AS; 0: none) and each job

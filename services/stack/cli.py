@@ -63,3 +63,113 @@ def stack_down() -> None:
 
     stopped = Stack(get_settings().stack_dir).down()
     err.print(f"stopped: {', '.join(stopped) or 'nothing'}")
+
+
+# --- the whole fleet: `egoline up`, `status`, `down` --------------------------------------
+@app.command("up")
+def up(
+    detach: Annotated[
+        bool, typer.Option("--detach", "-d", help="run in the background; `egoline down` stops")
+    ] = False,
+    keep_stack: Annotated[
+        bool, typer.Option(help="on stop, leave the embedded Kafka, Postgres and S3 running")
+    ] = False,
+    timeout_s: Annotated[float, typer.Option(help="--detach: wait this long for ready")] = 180.0,
+    no_view: Annotated[
+        bool, typer.Option("--no-view", help="log lines instead of the live view", hidden=True)
+    ] = False,
+) -> None:
+    """Start the embedded stack (or use the configured endpoints) and the whole fleet —
+    decode, validate, shard, metadata, lag — as supervised processes (restarted with backoff
+    if one crashes; logs under <stack dir>/logs), with a live view. Ctrl-C or SIGTERM stops
+    everything it started. Then `egoline agent watch DIR` is all a device needs."""
+    import sys
+    import time
+
+    from services.common.serve import stop_on_signals
+    from services.stack import up as fleet_up
+
+    settings = get_settings()
+    if detach:
+        try:
+            state = fleet_up.detach(
+                settings, timeout_s, log=lambda line: err.print(f"[dim]up:[/] {line}")
+            )
+        except (RuntimeError, TimeoutError) as exc:
+            err.print(f"[red]{exc}[/]")
+            raise typer.Exit(1) from exc
+        err.print(f"[green]up[/] page {state.url}; `egoline down` stops it")
+        print_json_line(
+            {
+                "status": "up",
+                "supervisor_pid": state.supervisor_pid,
+                "url": state.url,
+                "services": {n: r.pid for n, r in state.services.items()},
+                "logs": state.log_dir,
+            }
+        )
+        return
+    stop = stop_on_signals()
+
+    def log(line: str) -> None:
+        err.print(f"[dim]{time.strftime('%H:%M:%S')} up:[/] {line}")
+
+    if no_view or not sys.stderr.isatty():
+        try:
+            fleet_up.supervise(settings, stop, keep_stack=keep_stack, log=log)
+        except fleet_up.AlreadyUp as exc:
+            err.print(f"[red]{exc}[/]")
+            raise typer.Exit(1) from exc
+        return
+    from rich.live import Live
+
+    from services.stack.view import render
+
+    last = 0.0
+    with Live(console=err, refresh_per_second=2, transient=False) as live:
+
+        def show(_state: object) -> None:
+            nonlocal last
+            if time.monotonic() - last >= 2.0:
+                last = time.monotonic()
+                live.update(render(fleet_up.status(get_settings())))
+
+        try:
+            fleet_up.supervise(settings, stop, on_tick=show, keep_stack=keep_stack, log=log)
+        except fleet_up.AlreadyUp as exc:
+            err.print(f"[red]{exc}[/]")
+            raise typer.Exit(1) from exc
+
+
+@app.command("status")
+def status(
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON line")] = False,
+) -> None:
+    """What `egoline up` runs and what the warehouse holds: services, episodes per state,
+    throughput, rejects by reason, lag per group."""
+    from services.stack import up as fleet_up
+    from services.stack.view import render
+
+    doc = fleet_up.status(get_settings())
+    if not as_json:
+        err.print(render(doc))
+    print_json_line(doc)
+
+
+@app.command("down")
+def down(
+    timeout_s: Annotated[float, typer.Option(help="wait this long for a graceful stop")] = 60.0,
+) -> None:
+    """Stop what `egoline up` started: the fleet, then the embedded services it started."""
+    from services.stack import up as fleet_up
+
+    report = fleet_up.down(get_settings().stack_dir, timeout_s)
+    if not report["stopped"]:
+        err.print(f"nothing to stop: {report['reason']}")
+    elif report["leftover"]:
+        err.print(f"[red]still running:[/] {', '.join(report['leftover'])}")
+    else:
+        err.print(f"stopped: {', '.join([*report['services'], *report['stack']])}")
+    print_json_line(report)
+    if report["leftover"]:
+        raise typer.Exit(1)

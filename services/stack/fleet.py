@@ -30,12 +30,13 @@ class Fleet:
         for n in range(replicas):
             self.spawn(f"{stage}-{n}")
 
-    def spawn(self, name: str) -> None:
-        """Start (or start again) the process `<stage>-<n>`, appending to its log."""
+    def spawn(self, name: str, port: int | None = None) -> None:
+        """Start (or start again) the process `<stage>-<n>`, appending to its log; its
+        /metrics, /healthz and /readyz on `port` (default: a free one)."""
         stage = name.rsplit("-", 1)[0]
         self.log_dir.mkdir(parents=True, exist_ok=True)
         with (self.log_dir / f"{name}.log").open("ab") as log:
-            self.metrics_ports[name] = free_port()
+            self.metrics_ports[name] = port or free_port()
             self.procs[name] = subprocess.Popen(
                 [sys.executable, "-m", "services.cli", "serve", stage],
                 stdout=log,
@@ -104,6 +105,9 @@ class Fleet:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+            # a worker that outlived its service (its group is the service's pid) goes too
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
         self.procs.clear()
 
 

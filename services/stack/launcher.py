@@ -307,16 +307,23 @@ class Stack:
             os.waitpid(pid, os.WNOHANG)
 
     # --- down ----------------------------------------------------------------------------
-    def down(self, timeout_s: float = 15.0) -> list[str]:
-        """Stop every process this stack started; returns the names stopped."""
+    def down(self, timeout_s: float = 15.0, only: set[str] | None = None) -> list[str]:
+        """Stop every process this stack started (or only those named in `only`, keeping the
+        others' state); returns the names stopped."""
         state = self.read_state()
         stopped = []
         for name, service in state.items():
+            if only is not None and name not in only:
+                continue
             if not service.started_by_us or not pid_alive(service.pid):
                 continue
             assert service.pid is not None
             self._stop_process(name, service.pid, timeout_s)
             stopped.append(name)
+        kept = {n: s for n, s in state.items() if only is not None and n not in only}
+        if kept:
+            self.write_state(kept)
+            return stopped
         self.state_path.unlink(missing_ok=True)
         (self.dir / ENDPOINTS_FILE).unlink(missing_ok=True)
         return stopped
