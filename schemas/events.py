@@ -15,6 +15,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
+from schemas.layers import CalibrationLayer, LabelsLayer, LayerVersionName
+
 # An episode id never holds a dot: WebDataset splits a member name at its first dot.
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$"
 EpisodeId = Annotated[str, StringConstraints(pattern=ID_PATTERN)]
@@ -29,6 +31,10 @@ TOPIC_DECODED = "episodes.decoded"
 TOPIC_VALIDATED = "episodes.validated"
 TOPIC_SHARDS = "shards.written"
 STAGE_TOPICS = (TOPIC_UPLOADED, TOPIC_DECODED, TOPIC_VALIDATED, TOPIC_SHARDS)
+# Layers attached to episodes after ingestion (calibration, labels): read by the metadata service.
+TOPIC_ANNOTATED = "episodes.annotated"
+LAYER_TOPICS = (TOPIC_ANNOTATED,)
+METADATA_TOPICS = (*STAGE_TOPICS, *LAYER_TOPICS)
 
 
 def dlq_topic(topic: str) -> str:
@@ -38,8 +44,8 @@ def dlq_topic(topic: str) -> str:
 
 # Where the metadata service puts records of a DLQ topic that are themselves unreadable.
 TOPIC_METADATA_DLQ = "metadata.dlq"
-DLQ_TOPICS = tuple(dlq_topic(t) for t in STAGE_TOPICS)
-ALL_TOPICS = (*STAGE_TOPICS, *DLQ_TOPICS, TOPIC_METADATA_DLQ)
+DLQ_TOPICS = tuple(dlq_topic(t) for t in METADATA_TOPICS)
+ALL_TOPICS = (*METADATA_TOPICS, *DLQ_TOPICS, TOPIC_METADATA_DLQ)
 
 
 def derive_event_id(*parts: str) -> str:
@@ -75,6 +81,7 @@ class ReasonCode(StrEnum):
     AUDIO_DROPPED = "audio_dropped"
     SHARD_WRITE_FAILED = "shard_write_failed"
     RESOURCE_LIMIT = "resource_limit"
+    LAYER_CONFLICT = "layer_conflict"
     INTERNAL_ERROR = "internal_error"
 
 
@@ -388,6 +395,19 @@ class ShardsWritten(Event):
     clips: list[ClipRecord]
 
 
+class EpisodesAnnotated(Event):
+    """`episodes.annotated`: one whole layer version (calibration or labels) for one or more
+    episodes. A version is immutable: the same kind and version again with the same rows is a
+    no-op, with other rows a `layer_conflict` dead letter. Large versions: `egoline layer
+    ingest` from a file (the same rows, the same tables)."""
+
+    schema_version: Literal[1] = 1
+    version: LayerVersionName
+    author: str = Field(min_length=1, max_length=256)
+    source: str = Field(min_length=1, max_length=1024, description="tool, file or URL")
+    layer: CalibrationLayer | LabelsLayer = Field(discriminator="kind")
+
+
 class DlqRecord(Model):
     """`<topic>.dlq`: what a stage rejected, why, and the original record untouched."""
 
@@ -418,5 +438,6 @@ EVENT_MODELS: dict[str, type[Model]] = {
     TOPIC_DECODED: EpisodeDecoded,
     TOPIC_VALIDATED: EpisodeValidated,
     TOPIC_SHARDS: ShardsWritten,
+    TOPIC_ANNOTATED: EpisodesAnnotated,
     "dlq": DlqRecord,
 }

@@ -23,7 +23,7 @@ from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, OperationalErr
 
 from schemas.events import (
     DLQ_TOPICS,
-    STAGE_TOPICS,
+    METADATA_TOPICS,
     TOPIC_METADATA_DLQ,
     DlqRecord,
     ReasonCode,
@@ -33,12 +33,14 @@ from services.common.consume import BatchConsumer, Finished, NoWork, Publishers,
 from services.common.settings import Settings
 from services.common.stage import (
     Failure,
+    Outcome,
     PermanentError,
     TransientError,
     classify,
     make_broker,
 )
 from services.metadata.core import Upserts, refresh_manifest_episodes, statements_for
+from services.metadata.layers import LAYER_VERSIONS_KEY
 from services.metadata.warehouse import make_engine, processed_events
 
 GROUP = "egoline-metadata"
@@ -95,7 +97,7 @@ def apply_records(engine: Engine, parsed: dict[int, ParsedRecord]) -> dict[int, 
                     savepoint.commit()
                 except (IntegrityError, DataError) as exc:
                     savepoint.rollback()
-                    failures[i] = classify(exc)
+                    failures[i] = _refusal(exc)
             if touched:
                 conn.execute(refresh_manifest_episodes(sorted(touched)))
     except OperationalError as exc:
@@ -105,6 +107,19 @@ def apply_records(engine: Engine, parsed: dict[int, ParsedRecord]) -> dict[int, 
             raise TransientError(f"warehouse connection lost: {exc}") from exc
         raise
     return failures
+
+
+def _refusal(exc: IntegrityError | DataError) -> Failure:
+    """Why the warehouse refused a record: a layer version that exists with other content is
+    a `layer_conflict` (versions are immutable); anything else by the one failure policy."""
+    constraint = getattr(getattr(exc.orig, "diag", None), "constraint_name", None)
+    if isinstance(exc, IntegrityError) and constraint == LAYER_VERSIONS_KEY:
+        return Failure(
+            Outcome.DEAD_LETTER,
+            ReasonCode.LAYER_CONFLICT,
+            "the layer version exists with other content: versions are immutable",
+        )
+    return classify(exc)
 
 
 def apply_batch(
@@ -126,7 +141,7 @@ def build_consumer(
     settings: Settings, broker: KafkaBroker, engine: Engine
 ) -> BatchConsumer[ParsedRecord, ParsedRecord]:
     """The metadata service on the consume protocol: no work step, everything in `finish`."""
-    dlq_topics = {metadata_dlq_for(t) for t in (*STAGE_TOPICS, *DLQ_TOPICS)}
+    dlq_topics = {metadata_dlq_for(t) for t in (*METADATA_TOPICS, *DLQ_TOPICS)}
     return BatchConsumer(
         stage="metadata",
         prepare=lambda topic, body: parse_record(topic, body, settings),
@@ -142,6 +157,6 @@ def build_app(settings: Settings) -> FastStream:
     broker = make_broker(settings, "metadata")
     engine = make_engine(settings)
     consumer = build_consumer(settings, broker, engine)
-    app = subscribe(settings, broker, consumer, (*STAGE_TOPICS, *DLQ_TOPICS))
+    app = subscribe(settings, broker, consumer, (*METADATA_TOPICS, *DLQ_TOPICS))
     app.after_shutdown(engine.dispose)
     return app

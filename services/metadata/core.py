@@ -30,6 +30,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import insert
 
 from schemas.events import (
+    TOPIC_ANNOTATED,
     TOPIC_DECODED,
     TOPIC_SHARDS,
     TOPIC_UPLOADED,
@@ -37,6 +38,7 @@ from schemas.events import (
     DlqRecord,
     EpisodeDecoded,
     EpisodeRef,
+    EpisodesAnnotated,
     EpisodeUploaded,
     EpisodeValidated,
     ShardsWritten,
@@ -46,6 +48,7 @@ from schemas.events import (
 from services.common.settings import CurationSettings
 from services.media.members import member_labels
 from services.metadata.duplicates import near_duplicate_statements, signature_statements
+from services.metadata.layers import annotated_statement, check_version, layer_content
 from services.metadata.packing import PACKED_COLUMN, pack_sql
 from services.metadata.warehouse import (
     CLIP_QUALITY_COLUMNS,
@@ -211,6 +214,10 @@ def statements_for(
             [_seen(event.pipeline_version), *_shard_rows(event, split_key, eval_fraction)],
             frozenset(ref.episode_id for ref in event.episodes),
         )
+    if topic == TOPIC_ANNOTATED:
+        # A layer is not derived by the pipeline: no pipeline version seen, and no manifest
+        # row changes (manifests join layers when they are built).
+        return Upserts([_layer_version(EpisodesAnnotated.model_validate_json(body))])
     if topic.endswith(".dlq"):
         return Upserts(
             _dead_letter_rows(DlqRecord.model_validate_json(body), split_key, eval_fraction)
@@ -375,6 +382,15 @@ def refresh_all_manifest_episodes(conn: Connection, step: int = 50_000) -> Itera
         conn.execute(refresh_manifest_episodes(ids))
         done, last = done + len(ids), ids[-1]
         yield done
+
+
+def _layer_version(event: EpisodesAnnotated) -> Executable:
+    """A whole layer version from one event (raises LayerRecordError, a ValueError, when its
+    rows break a whole-version rule: the same target twice, overlapping device windows)."""
+    kind, rows = event.layer.kind, list(event.layer.rows)
+    check_version(kind, rows, f"{TOPIC_ANNOTATED} {kind.value} {event.version}")
+    content = layer_content(kind, rows)
+    return annotated_statement(kind, event.version, event.author, event.source, content)
 
 
 def _episode_ref_row(up: EpisodeUploaded) -> Executable:

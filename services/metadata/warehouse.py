@@ -14,6 +14,7 @@ from sqlalchemy import (
     Engine,
     Float,
     ForeignKey,
+    Identity,
     Index,
     Integer,
     MetaData,
@@ -318,6 +319,60 @@ manifests = Table(
     Column("row_count", BigInteger, nullable=False),
     Column("size_bytes", BigInteger, nullable=False),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    # The layer versions the manifest pinned, resolved ({"calibration": "v3"}; migration 0008).
+    Column("layers", JSONB, nullable=False, server_default="{}"),
+)
+
+# Layers (migration 0008): versioned data attached to episodes after ingestion. A version is
+# written whole, once (a file in one transaction, or one `episodes.annotated` event) and never
+# changes: `digest` is the sha256 of its canonical rows (services/metadata/layers.py), and a
+# second write of the version is a no-op with the same digest, refused with another. `seq`
+# orders versions as they were ingested: `latest` is a kind's highest.
+layer_versions = Table(
+    "layer_versions",
+    metadata,
+    Column("kind", String(32), primary_key=True),
+    Column("version", String(64), primary_key=True),
+    Column("seq", BigInteger, Identity(always=True), nullable=False, unique=True),
+    Column("digest", String(64), nullable=False),
+    Column("row_count", Integer, nullable=False),
+    Column("author", String(256), nullable=False),
+    Column("source", String(1024), nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+)
+
+# Calibration rows: one camera of one episode, or of a device over [valid_from, valid_until)
+# (null: open). `params` is the camera's calibration as the manifest carries it (JSON:
+# width, height, fx, fy, cx, cy in px, distortion_model, distortion, extrinsics 4x4 row-major
+# camera-to-rig in metres). `row_no` is the row's place in the version's canonical order.
+layer_calibration = Table(
+    "layer_calibration",
+    metadata,
+    Column("version", String(64), primary_key=True),
+    Column("row_no", Integer, primary_key=True),
+    Column("episode_id", String(128)),
+    Column("device_id", String(128)),
+    Column("valid_from", DateTime(timezone=True)),
+    Column("valid_until", DateTime(timezone=True)),
+    Column("camera", String(32), nullable=False),
+    Column("params", JSONB, nullable=False),
+    Index("ix_layer_calibration_episode", "version", "episode_id"),
+    Index("ix_layer_calibration_device", "version", "device_id", "valid_from"),
+)
+
+# Label rows: a time span of an episode (seconds on the episode clock) with its type (label,
+# subtask, instruction, caption) and text.
+layer_labels = Table(
+    "layer_labels",
+    metadata,
+    Column("version", String(64), primary_key=True),
+    Column("row_no", Integer, primary_key=True),
+    Column("episode_id", String(128), nullable=False),
+    Column("label_type", String(16), nullable=False),
+    Column("start_s", Float, nullable=False),
+    Column("end_s", Float, nullable=False),
+    Column("text", Text, nullable=False),
+    Index("ix_layer_labels_episode", "version", "episode_id"),
 )
 
 
