@@ -12,17 +12,35 @@ import math
 from enum import StrEnum
 from typing import Annotated, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import (
+    AfterValidator,
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    model_validator,
+)
 
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$"
 LayerEpisodeId = Annotated[str, StringConstraints(pattern=ID_PATTERN)]
 LayerDeviceId = Annotated[str, StringConstraints(pattern=ID_PATTERN)]
 LayerCameraName = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9_-]{0,31}$")]
 # A layer version's name: free, but never `latest` (what a manifest resolves at build time).
-LayerVersionName = Annotated[
-    str, StringConstraints(pattern=r"^(?!latest$)[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-]
 LATEST = "latest"
+
+
+def _not_latest(name: str) -> str:
+    if name == LATEST:
+        raise ValueError("`latest` is not a version name: a manifest resolves it at build time")
+    return name
+
+
+LayerVersionName = Annotated[
+    str,
+    StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"),
+    AfterValidator(_not_latest),
+]
 
 
 class LayerKind(StrEnum):

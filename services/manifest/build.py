@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from sqlalchemy import Engine
+from sqlalchemy import Engine, select
 from sqlalchemy.dialects.postgresql import insert
 
 from services.common.objectstore import ObjectStore
@@ -21,7 +21,8 @@ from services.manifest.explode import Exploder
 from services.manifest.query import ManifestFilter, build_query
 from services.manifest.snapshot import Progress, fetch_episodes
 from services.manifest.write import schema_metadata, write_batches
-from services.metadata.warehouse import manifests
+from services.metadata.layers import resolve_versions
+from services.metadata.warehouse import layer_versions, manifests
 
 
 @dataclass(frozen=True)
@@ -35,12 +36,21 @@ class BuiltManifest:
     explode_s: float  # episode-level dictionaries and the clip -> episode index
     write_s: float  # clip rows exploded batch by batch, IPC write, sha256
     publish_s: float  # upload to the object store + warehouse row
+    layers: dict[str, str]  # the layer versions pinned, resolved (kind -> version)
 
 
 def record_manifest(
-    engine: Engine, manifest_id: str, key: str, sql: str, params: list[object], rows: int, size: int
+    engine: Engine,
+    manifest_id: str,
+    key: str,
+    sql: str,
+    params: list[object],
+    rows: int,
+    size: int,
+    layers: dict[str, str] | None = None,
 ) -> None:
-    """The warehouse's `manifests` row for a stored file (idempotent: same id, same row)."""
+    """The warehouse's `manifests` row for a stored file (idempotent: same id, same row), with
+    the layer versions it pinned."""
     with engine.begin() as conn:
         conn.execute(
             insert(manifests)
@@ -51,9 +61,26 @@ def record_manifest(
                 params=json.loads(json.dumps(params, default=str)),
                 row_count=rows,
                 size_bytes=size,
+                layers=layers or {},
             )
             .on_conflict_do_nothing()
         )
+
+
+def resolve_layers(engine: Engine, flt: ManifestFilter) -> ManifestFilter:
+    """The filter with every requested layer version concrete (`latest`: the kind's last
+    ingested version, now). Raises ValueError for an unknown kind or version."""
+    if not flt.layers:
+        return flt
+    known: dict[str, list[str]] = {}
+    with engine.connect() as conn:
+        for kind, version in conn.execute(
+            select(layer_versions.c.kind, layer_versions.c.version)
+            .where(layer_versions.c.kind.in_(sorted(flt.layers)))
+            .order_by(layer_versions.c.seq)
+        ):
+            known.setdefault(str(kind), []).append(str(version))
+    return flt.model_copy(update={"layers": resolve_versions(flt.layers, known)})
 
 
 def build_manifest(
@@ -66,7 +93,9 @@ def build_manifest(
     parallel: int = 2,
 ) -> BuiltManifest:
     """Fetch, explode, write, store and record the manifest of `flt`; the local file stays in
-    `out_dir` as `<sha256>.arrow`."""
+    `out_dir` as `<sha256>.arrow`. Layer versions given as `latest` are resolved first: the
+    file and its `manifests` row name the concrete ones."""
+    flt = resolve_layers(engine, flt)
     sql, params = build_query(flt)
     started = time.perf_counter()
     episodes = fetch_episodes(database_url, flt, progress, parallel)
@@ -85,7 +114,7 @@ def build_manifest(
     size = final.stat().st_size
     if not store.exists(key):
         store.put_file(key, final, content_type="application/vnd.apache.arrow.file")
-    record_manifest(engine, manifest_id, key, sql, params, rows, size)
+    record_manifest(engine, manifest_id, key, sql, params, rows, size, flt.layers)
     return BuiltManifest(
         manifest_id,
         key,
@@ -96,4 +125,5 @@ def build_manifest(
         explode_s=exploded - fetched,
         write_s=written - exploded,
         publish_s=time.perf_counter() - written,
+        layers=dict(flt.layers),
     )

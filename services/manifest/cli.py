@@ -64,12 +64,25 @@ def manifest_build(
     exclude_duplicates: Annotated[
         bool, typer.Option(help="leave out exact and near duplicates of earlier episodes")
     ] = False,
+    layer: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="pin a layer: KIND=VERSION or KIND=latest (resolved now, recorded), repeatable"
+        ),
+    ] = None,
+    label_contains: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="episodes with a label containing this text (case-insensitive), repeatable; "
+            "pins labels=latest unless --layer labels=V"
+        ),
+    ] = None,
     pipeline_version: Annotated[str | None, typer.Option(help="default: configured")] = None,
     parallel: Annotated[int, typer.Option(min=1, help="parallel query slices")] = 2,
 ) -> None:
     """Build a manifest with one SQL query into an Arrow IPC file (stored under its hash).
     Quality filters keep an episode when every clip passes; a clip lacking the value (older
-    shards, no IMU for --min-motion) fails them."""
+    shards, no IMU for --min-motion) fails them. Pinned layers are joined in the same query."""
     from datetime import datetime
 
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
@@ -77,9 +90,16 @@ def manifest_build(
     from services.common.objectstore import object_store
     from services.manifest.build import build_manifest
     from services.manifest.query import ExposureBounds, ManifestFilter
+    from services.metadata.layers import LayerVersionError, parse_layer_option
     from services.metadata.warehouse import make_engine
 
     settings = get_settings()
+    try:
+        layers = parse_layer_option(layer or [])
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    if label_contains:
+        layers.setdefault("labels", "latest")
     flt = ManifestFilter(
         pipeline_version=pipeline_version or settings.pipeline_version,
         devices=_csv(devices),
@@ -103,6 +123,8 @@ def manifest_build(
         exposure_ok=ExposureBounds.of(settings.curation) if exposure_ok else None,
         min_motion=min_motion,
         exclude_duplicates=exclude_duplicates,
+        layers=layers,
+        label_contains=list(label_contains or []),
     )
     engine = make_engine(settings)
     with Progress(
@@ -113,16 +135,21 @@ def manifest_build(
         def show(episodes: int, clips: int) -> None:
             progress.update(task, description=f"{episodes:,} episodes, {clips:,} clips")
 
-        built = build_manifest(
-            settings.database_libpq_url,
-            engine,
-            object_store(settings),
-            flt,
-            out,
-            progress=show,
-            parallel=parallel,
-        )
-    engine.dispose()
+        try:
+            built = build_manifest(
+                settings.database_libpq_url,
+                engine,
+                object_store(settings),
+                flt,
+                out,
+                progress=show,
+                parallel=parallel,
+            )
+        except LayerVersionError as exc:
+            err.print(f"[red]{exc}[/]")
+            raise typer.Exit(2) from exc
+        finally:
+            engine.dispose()
     print_json_line(
         {
             "manifest": built.object_key,
@@ -132,6 +159,7 @@ def manifest_build(
             "bytes": built.size_bytes,
             "build_s": round(built.query_s + built.explode_s + built.write_s, 4),
             "publish_s": round(built.publish_s, 4),
+            "layers": built.layers,
         }
     )
 
@@ -160,6 +188,7 @@ def manifest_inspect(path: Path, rows: int = 5) -> None:
             "load_s": round(load_s, 4),
             "format_version": meta.get("version"),
             "filter": meta.get("filter"),
+            "layers": meta.get("layers", {}),
             **quality_summary(table),
         }
     )

@@ -87,6 +87,11 @@ MANIFEST_COLUMNS = (
     "duplicate_of",
 )
 
+# Layer columns (one JSON text per episode: services/manifest/query.py LAYER_JOINS), after
+# the columns above, present when the query pinned the layer. Dictionary-encoded over their
+# distinct values: a device's calibration is one string however many episodes share it.
+LAYER_COLUMNS = ("calibration", "labels")
+
 BATCH_ROWS = 1 << 20  # clip rows per IPC record batch
 
 
@@ -115,6 +120,23 @@ def _dictionary(indices: NDArray[np.integer[Any]], values: pa.Array) -> pa.Dicti
     return pa.DictionaryArray.from_arrays(
         pa.array(indices.astype(index_type.to_pandas_dtype(), copy=False), type=index_type),
         values,
+    )
+
+
+def _nullable_dictionary(
+    encoded: tuple[pa.Array, NDArray[Any]], nulls: NDArray[np.bool_], parent: NDArray[Any]
+) -> pa.DictionaryArray:
+    """An episode-level string column with nulls, per clip: the episode's code, masked where
+    the episode's value is null."""
+    dictionary, codes = encoded
+    index_type = _index_type(len(dictionary))
+    return pa.DictionaryArray.from_arrays(
+        pa.array(
+            np.take(codes, parent, mode="clip").astype(index_type.to_pandas_dtype()),
+            type=index_type,
+            mask=np.take(nulls, parent, mode="clip"),
+        ),
+        dictionary,
     )
 
 
@@ -200,6 +222,13 @@ class Exploder:
         duplicate = episodes.column("duplicate_of").cast(pa.string())  # all-null: null type
         self.duplicate = _encode(duplicate.fill_null(""))
         self.duplicate_null = duplicate.is_null().to_numpy(zero_copy_only=False)
+        self.layers: dict[str, tuple[tuple[pa.Array, NDArray[Any]], NDArray[np.bool_]]] = {}
+        for name in LAYER_COLUMNS:
+            if name in episodes.column_names:
+                values = episodes.column(name).cast(pa.string())
+                nulls = values.is_null().to_numpy(zero_copy_only=False)
+                self.layers[name] = (_encode(values.fill_null("")), nulls)
+        self.columns = (*MANIFEST_COLUMNS, *self.layers)
         self.numbers: dict[str, tuple[NDArray[Any], pa.DataType]] = {}
         for name in EPISODE_NUMBERS:
             array = episodes.column(name).combine_chunks()
@@ -260,20 +289,13 @@ class Exploder:
         for name in QUALITY_FIELDS:
             values = buf[name]
             out[name] = pa.array(values, type=pa.float32(), mask=np.isnan(values))
-        dictionary, codes = self.duplicate
-        index_type = _index_type(len(dictionary))
-        out["duplicate_of"] = pa.DictionaryArray.from_arrays(
-            pa.array(
-                np.take(codes, parent, mode="clip").astype(index_type.to_pandas_dtype()),
-                type=index_type,
-                mask=np.take(self.duplicate_null, parent, mode="clip"),
-            ),
-            dictionary,
-        )
+        out["duplicate_of"] = _nullable_dictionary(self.duplicate, self.duplicate_null, parent)
+        for name, (encoded, nulls) in self.layers.items():
+            out[name] = _nullable_dictionary(encoded, nulls, parent)
         for name, (numbers, arrow_type) in self.numbers.items():
             np.take(numbers, parent, out=buf[name], mode="clip")
             out[name] = pa.Array.from_buffers(arrow_type, size, [None, pa.py_buffer(buf[name])])
-        return pa.record_batch([out[n] for n in MANIFEST_COLUMNS], names=list(MANIFEST_COLUMNS))
+        return pa.record_batch([out[n] for n in self.columns], names=list(self.columns))
 
     @property
     def schema(self) -> pa.Schema:

@@ -22,7 +22,8 @@ def load_manifest(path: Path | str) -> pa.Table:
 
 
 def manifest_metadata(table: pa.Table) -> dict[str, Any]:
-    """The format version, the filter and the SQL the manifest was built with."""
+    """The format version, the filter, the SQL and the layer versions the manifest was built
+    with."""
     raw = table.schema.metadata or {}
     out: dict[str, Any] = {}
     if b"egoline.manifest.version" in raw:
@@ -31,6 +32,8 @@ def manifest_metadata(table: pa.Table) -> dict[str, Any]:
         out["filter"] = json.loads(raw[b"egoline.manifest.filter"])
     if b"egoline.manifest.query" in raw:
         out["query"] = raw[b"egoline.manifest.query"].decode()
+    if b"egoline.manifest.layers" in raw:  # format version 5
+        out["layers"] = json.loads(raw[b"egoline.manifest.layers"])
     return out
 
 

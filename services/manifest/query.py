@@ -10,13 +10,14 @@ from __future__ import annotations
 import itertools
 from datetime import datetime
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from schemas.layers import LATEST, LayerKind
 from services.common.settings import CurationSettings
 from services.metadata.packing import PACKED_COLUMN
 from services.metadata.warehouse import TIMING_COLUMNS
 
-MANIFEST_FORMAT_VERSION = 4
+MANIFEST_FORMAT_VERSION = 5
 
 # Episode-level columns: one row per (pipeline version, episode) of `manifest_episodes`; the
 # build explodes each into its clips (`clip_count`, `shard_keys`, the packed `clips` records).
@@ -105,9 +106,67 @@ class ManifestFilter(BaseModel):
     exclude_duplicates: bool = Field(
         default=False, description="leave out exact and near duplicates of earlier episodes"
     )
+    # Layers (docs/warehouse.md): kind -> version, joined in the same query; `latest` is
+    # resolved to a concrete version before the query is built (build.py), so the filter a
+    # manifest stores names the versions it read.
+    layers: dict[str, str] = Field(default_factory=dict, description="layer kind -> version")
+    label_contains: list[str] = Field(
+        default_factory=list,
+        description="episodes with a label (of the pinned labels version) containing each, "
+        "case-insensitively",
+    )
+
+    @field_validator("layers")
+    @classmethod
+    def _known_kinds(cls, layers: dict[str, str]) -> dict[str, str]:
+        kinds = {k.value for k in LayerKind}
+        unknown = sorted(set(layers) - kinds)
+        if unknown:
+            raise ValueError(f"no layer kind {', '.join(unknown)} (kinds: {', '.join(kinds)})")
+        return dict(sorted(layers.items()))  # one order: the stored filter is canonical
 
 
 KeyRange = tuple[str | None, str | None]
+
+# `--label-contains`: the episode has a label of the pinned version containing the text.
+LABEL_CONTAINS = (
+    "EXISTS (SELECT 1 FROM layer_labels l WHERE l.version = {version} "
+    "AND l.episode_id = m.episode_id AND strpos(lower(l.text), lower({task})) > 0)"
+)
+
+# The layer columns a manifest carries when the layer is pinned, one value per episode:
+# `calibration`, a JSON object camera -> its calibration (the episode's own row for a camera,
+# else the device's row whose validity window holds the episode's start, the latest window
+# first); `labels`, a JSON array of the episode's labelled spans in time order. JSON text from
+# Postgres's jsonb output (one canonical form for equal values). Null: nothing in the layer.
+LAYER_JOINS: dict[str, tuple[str, str]] = {
+    LayerKind.CALIBRATION.value: (
+        "calibration",
+        """LEFT JOIN LATERAL (
+    SELECT jsonb_object_agg(x.camera, x.params)::text AS calibration
+    FROM (
+        SELECT DISTINCT ON (c.camera) c.camera, c.params
+        FROM layer_calibration c
+        WHERE c.version = {version}
+          AND (c.episode_id = m.episode_id
+               OR (c.device_id = m.device_id
+                   AND (c.valid_from IS NULL OR c.valid_from <= m.started_at)
+                   AND (c.valid_until IS NULL OR m.started_at < c.valid_until)))
+        ORDER BY c.camera, c.episode_id IS NULL, c.valid_from DESC NULLS LAST
+    ) x
+) calibration ON true""",
+    ),
+    LayerKind.LABELS.value: (
+        "labels",
+        """LEFT JOIN LATERAL (
+    SELECT jsonb_agg(jsonb_build_object(
+               'type', l.label_type, 'start_s', l.start_s, 'end_s', l.end_s, 'text', l.text
+           ) ORDER BY l.row_no)::text AS labels
+    FROM layer_labels l
+    WHERE l.version = {version} AND l.episode_id = m.episode_id
+) labels ON true""",
+    ),
+}
 
 
 def build_query(
@@ -174,13 +233,30 @@ def build_query(
             where.append(f"m.{column} {op} {bind(float(value))}::float8")
     if flt.exclude_duplicates:
         where.append("m.duplicate_of IS NULL")
+    joins, layer_columns = [], []
+    for kind, version in flt.layers.items():  # sorted by kind (the filter's validator)
+        if version == LATEST:
+            raise ValueError(f"--layer {kind}=latest must be resolved before the query is built")
+        column, join = LAYER_JOINS[kind]
+        joins.append(join.format(version=bind(version)))
+        layer_columns.append(f"{column}.{column}")
+    if flt.label_contains:
+        labels = flt.layers.get(LayerKind.LABELS.value)
+        if labels is None:
+            raise ValueError("--label-contains needs a labels layer (--layer labels=V)")
+        version = bind(labels)
+        for task in flt.label_contains:  # placeholders only: the values are bound
+            where.append(LABEL_CONTAINS.format(version=version, task=bind(task)))
     low, high = key_range
     if low is not None:
         where.append(f"m.episode_id >= {bind(low)}")
     if high is not None:
         where.append(f"m.episode_id < {bind(high)}")
+    columns = ",\n".join([COLUMNS, *(f"    {c}" for c in layer_columns)])
     sql = (
-        f"SELECT {COLUMNS}\nFROM manifest_episodes m\nWHERE "
+        f"SELECT {columns}\nFROM manifest_episodes m\n"
+        + "".join(f"{join}\n" for join in joins)
+        + "WHERE "
         + "\n  AND ".join(where)
         + "\nORDER BY m.pipeline_version, m.episode_id"
     )

@@ -4,6 +4,7 @@ O_DIRECT sink (services/manifest/sink.py)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -16,11 +17,13 @@ from services.manifest.sink import HashingDirectSink
 
 
 def schema_metadata(flt: ManifestFilter, sql: str) -> dict[bytes, bytes]:
-    """The file's schema metadata: format version, the filter (JSON) and the query it ran."""
+    """The file's schema metadata: format version, the filter (JSON), the query it ran and
+    the layer versions it pinned (JSON, kind -> version; `{}` for none)."""
     return {
         b"egoline.manifest.version": str(MANIFEST_FORMAT_VERSION).encode(),
         b"egoline.manifest.filter": flt.model_dump_json().encode(),
         b"egoline.manifest.query": sql.encode(),
+        b"egoline.manifest.layers": json.dumps(flt.layers, sort_keys=True).encode(),
     }
 
 

@@ -93,6 +93,10 @@ class LayerConflictError(ValueError):
     """The version exists with other content: versions are immutable."""
 
 
+class LayerVersionError(ValueError):
+    """A manifest asked for a layer kind or version that is not there."""
+
+
 Record = tuple[int, Any]  # (line number from 1, the decoded record)
 
 
@@ -338,23 +342,23 @@ def resolve_versions(
     requested: Mapping[str, str], known: Mapping[str, Sequence[str]]
 ) -> dict[str, str]:
     """Each requested layer (kind -> version or `latest`) as a concrete version. `known` lists
-    each kind's stored versions in ingest order (the last is `latest`). Raises ValueError for
+    each kind's stored versions in ingest order (the last is `latest`). Raises LayerVersionError for
     an unknown kind, an unknown version, or `latest` of a kind with no version."""
     resolved: dict[str, str] = {}
     for kind, version in sorted(requested.items()):
         if kind not in {k.value for k in LayerKind}:
-            raise ValueError(
+            raise LayerVersionError(
                 f"no layer kind {kind!r} (kinds: {', '.join(k.value for k in LayerKind)})"
             )
         versions = known.get(kind, ())
         if version == LATEST:
             if not versions:
-                raise ValueError(f"--layer {kind}=latest: no {kind} version ingested yet")
+                raise LayerVersionError(f"--layer {kind}=latest: no {kind} version ingested yet")
             resolved[kind] = versions[-1]
         elif version in versions:
             resolved[kind] = version
         else:
-            raise ValueError(f"--layer {kind}={version}: no such version")
+            raise LayerVersionError(f"--layer {kind}={version}: no such version")
     return resolved
 
 

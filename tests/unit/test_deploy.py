@@ -16,7 +16,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from schemas.events import STAGE_TOPICS, TOPIC_DECODED, TOPIC_UPLOADED, TOPIC_VALIDATED
+from schemas.events import METADATA_TOPICS, TOPIC_DECODED, TOPIC_UPLOADED, TOPIC_VALIDATED
 from services.lag.monitor import PIPELINE_GROUPS
 from tests.deploy_files import (
     CLEAN_ENV,
@@ -241,7 +241,7 @@ def test_each_stage_scales_on_its_own_group_and_topics_within_its_partitions() -
         "decode": {TOPIC_UPLOADED},
         "validate": {TOPIC_DECODED},
         "shard": {TOPIC_VALIDATED},
-        "metadata": set(STAGE_TOPICS),
+        "metadata": set(METADATA_TOPICS),
     }
     scaled = by_kind("ScaledObject")
     assert set(scaled) == {f"egoline-{s}" for s in STAGES}  # the lag service stays at one
