@@ -146,10 +146,10 @@ def manifest_build(
                 parallel=parallel,
             )
         except LayerVersionError as exc:
+            engine.dispose()
             err.print(f"[red]{exc}[/]")
             raise typer.Exit(2) from exc
-        finally:
-            engine.dispose()
+    engine.dispose()
     print_json_line(
         {
             "manifest": built.object_key,
