@@ -13,6 +13,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from sqlalchemy import TextClause
 from typer.testing import CliRunner
 
 from schemas.events import TOPIC_ANNOTATED, EpisodesAnnotated
@@ -180,6 +181,7 @@ def test_an_annotated_event_becomes_one_statement_that_inserts_the_canonical_row
     assert again.event_id == event.event_id  # derived from the content
     upserts = statements_for(TOPIC_ANNOTATED, event.model_dump_json().encode(), "session", 0.1)
     (statement,) = upserts.statements
+    assert isinstance(statement, TextClause)
     compiled = statement.compile()
     assert "INSERT INTO layer_labels" in str(compiled) and "WHERE NOT EXISTS" in str(compiled)
     params = compiled.params
