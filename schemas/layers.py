@@ -160,6 +160,8 @@ class LabelRow(Row):
     def _ordered(self) -> LabelRow:
         if self.end_s < self.start_s:
             raise ValueError("end_s must not be before start_s")
+        if "\x00" in self.text:  # Postgres text holds no NUL: refuse it here, at its line
+            raise ValueError("text must not contain NUL characters")
         return self
 
 

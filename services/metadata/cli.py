@@ -143,10 +143,12 @@ def layer_ingest(
             source or file.name,
         )
     except LayerRecordError as exc:
-        err.print(f"[red]refused, nothing ingested ({exc.total} problems):[/]\n{exc}")
+        err.print(f"[red]refused, nothing ingested ({exc.total} problems):[/]")
+        err.print(str(exc), markup=False, highlight=False, soft_wrap=True)
         raise typer.Exit(2) from exc
     except LayerConflictError as exc:
-        err.print(f"[red]refused:[/] {exc}")
+        err.print("[red]refused:[/]")
+        err.print(str(exc), markup=False, highlight=False, soft_wrap=True)
         raise typer.Exit(3) from exc
     if stored.unknown_episodes:
         err.print(f"[yellow]{stored.unknown_episodes} episode ids not in the warehouse (yet)[/]")
@@ -189,7 +191,8 @@ def layer_publish(
     try:
         rows = read_layer_rows(layer_kind, file)
     except LayerRecordError as exc:
-        err.print(f"[red]refused, nothing published ({exc.total} problems):[/]\n{exc}")
+        err.print(f"[red]refused, nothing published ({exc.total} problems):[/]")
+        err.print(str(exc), markup=False, highlight=False, soft_wrap=True)
         raise typer.Exit(2) from exc
     event = annotated_event(layer_kind, name, author or _user(), source or file.name, rows)
     value = event.model_dump_json().encode()
