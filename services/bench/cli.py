@@ -105,6 +105,25 @@ def bench_manifest(
     _run_bench(lambda settings, log: run(settings, rows, naive_rows, keep, log=log))
 
 
+@bench_app.command("layers")
+def bench_layers(
+    episodes: Annotated[
+        int, typer.Option(min=10, help="episodes to seed (10 clips each)")
+    ] = 100_000,
+    keep: Annotated[bool, typer.Option(help="keep the seeded database")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="only the JSON line on stdout")] = False,
+) -> None:
+    """Release a calibration layer for every episode (JSONL, then a newer one from Parquet),
+    pin a manifest to it and rebuild it, build the unpinned one; the object store's GETs
+    counted from its own request log (`video_bytes_read` must be 0)."""
+    from services.bench.layers import bench_layers as run
+
+    del as_json
+    result = _run_bench(lambda settings, log: run(settings, episodes, keep, log=log))
+    if result["video_bytes_read"] or not result["byte_identical_rebuild"]:
+        raise typer.Exit(1)
+
+
 @bench_app.command("formats")
 def bench_formats(
     seed: Annotated[int, typer.Option(help="-1: fresh episode ids each run")] = -1,

@@ -51,12 +51,14 @@ Log = Callable[[str], None]
 
 
 @contextlib.contextmanager
-def bench_database(settings: Settings, rows: int, keep: bool, log: Log) -> Iterator[Settings]:
-    """A migrated database beside the warehouse holding `rows` seeded clips: a kept one from an
-    earlier run with `--keep` if it has exactly that, else a fresh one seeded now. Dropped
-    afterwards unless `keep`."""
+def bench_database(
+    settings: Settings, rows: int, keep: bool, log: Log, suffix: str = "_bench_manifest"
+) -> Iterator[Settings]:
+    """A migrated database beside the warehouse (`<db><suffix>`) holding `rows` seeded clips:
+    a kept one from an earlier run with `--keep` if it has exactly that, else a fresh one
+    seeded now. Dropped afterwards unless `keep`."""
     base, _, current = settings.database_libpq_url.rpartition("/")
-    name = current.split("?")[0] + "_bench_manifest"
+    name = current.split("?")[0] + suffix
     admin, url = f"{base}/postgres", f"{base}/{name}"
     drop = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
     bench = settings.model_copy(update={"database_url": url})

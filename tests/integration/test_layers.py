@@ -228,7 +228,8 @@ def test_a_pinned_manifest_is_byte_identical_after_a_newer_version_and_latest_mo
     assert meta["version"] == 5 and meta["layers"] == {"calibration": "v2"}
     assert meta["filter"]["layers"] == {"calibration": "v2"}  # resolved, as built
     with psycopg.connect(settings.database_libpq_url) as conn:
-        recorded = dict(conn.execute("SELECT manifest_id, layers FROM manifests").fetchall())
+        found = conn.execute("SELECT manifest_id, layers FROM manifests").fetchall()
+    recorded: dict[str, Any] = {str(m): layers for m, layers in found}
     assert recorded[first.manifest_id] == {"calibration": "v1"}
     assert recorded[latest.manifest_id] == {"calibration": "v2"}
 
