@@ -8,7 +8,7 @@ are documented in docs/formats.md ("Layer files").
 
 from __future__ import annotations
 
-import math
+from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Literal
 
@@ -66,6 +66,10 @@ DISTORTION_COEFFICIENTS: dict[DistortionModel, tuple[int, ...]] = {
 }
 
 
+Finite = Annotated[float, Field(allow_inf_nan=False)]
+ORTHONORMAL_TOLERANCE = 1e-4  # |R Rᵀ - I| per entry: float32-rounded rotations pass
+
+
 class Row(BaseModel):
     # Events ignore unknown fields (schemas/events.py); a layer *file* refuses them at their
     # line (services/metadata/layers.py), so a misspelt key is not a value silently dropped.
@@ -87,13 +91,13 @@ class CalibrationRow(Row):
     camera: LayerCameraName = Field(description="camera name, as the episode's `camera`")
     width: int = Field(gt=0, le=65536, description="image width the intrinsics refer to, px")
     height: int = Field(gt=0, le=65536, description="image height, px")
-    fx: float = Field(gt=0, description="focal length, px")
-    fy: float = Field(gt=0, description="focal length, px")
-    cx: float = Field(description="principal point, px from the left edge")
-    cy: float = Field(description="principal point, px from the top edge")
+    fx: Finite = Field(gt=0, description="focal length, px")
+    fy: Finite = Field(gt=0, description="focal length, px")
+    cx: Finite = Field(description="principal point, px from the left edge")
+    cy: Finite = Field(description="principal point, px from the top edge")
     distortion_model: DistortionModel = DistortionModel.NONE
-    distortion: list[float] = Field(default_factory=list, max_length=14)
-    extrinsics: list[float] = Field(
+    distortion: list[Finite] = Field(default_factory=list, max_length=14)
+    extrinsics: list[Finite] = Field(
         min_length=16,
         max_length=16,
         description="4x4 camera-to-rig transform, row-major; translation in metres",
@@ -101,6 +105,7 @@ class CalibrationRow(Row):
 
     @model_validator(mode="after")
     def _consistent(self) -> CalibrationRow:
+        # Plain arithmetic, no loops over generators: a 10^5-row layer is checked row by row.
         if (self.episode_id is None) == (self.device_id is None):
             raise ValueError("give exactly one of episode_id and device_id")
         if self.episode_id is not None and (
@@ -113,30 +118,30 @@ class CalibrationRow(Row):
             and self.valid_from >= self.valid_until
         ):
             raise ValueError("valid_from must be before valid_until")
-        numbers = [self.fx, self.fy, self.cx, self.cy, *self.distortion, *self.extrinsics]
-        if not all(math.isfinite(v) for v in numbers):
-            raise ValueError("every number must be finite")
         allowed = DISTORTION_COEFFICIENTS[self.distortion_model]
         if len(self.distortion) not in allowed:
             raise ValueError(
                 f"{self.distortion_model.value} distortion takes {' or '.join(map(str, allowed))}"
                 f" coefficients, got {len(self.distortion)}"
             )
-        m = self.extrinsics
-        if m[12:16] != [0.0, 0.0, 0.0, 1.0]:
+        a, b, c, _, d, e, f, _, g, h, i, _, *last = self.extrinsics
+        if last != [0.0, 0.0, 0.0, 1.0]:
             raise ValueError("extrinsics: the last row of the 4x4 must be 0 0 0 1")
-        rotation = [m[0:3], m[4:7], m[8:11]]
-        for i in range(3):
-            for j in range(3):
-                dot = sum(rotation[i][k] * rotation[j][k] for k in range(3))
-                if abs(dot - (1.0 if i == j else 0.0)) > 1e-4:
-                    raise ValueError("extrinsics: the 3x3 rotation is not orthonormal")
+        products = (
+            a * a + b * b + c * c - 1.0,
+            d * d + e * e + f * f - 1.0,
+            g * g + h * h + i * i - 1.0,
+            a * d + b * e + c * f,
+            a * g + b * h + c * i,
+            d * g + e * h + f * i,
+        )
+        if max(products) > ORTHONORMAL_TOLERANCE or min(products) < -ORTHONORMAL_TOLERANCE:
+            raise ValueError("extrinsics: the 3x3 rotation is not orthonormal")
         return self
 
-    def target(self) -> tuple[str, str, str]:
-        """What the row is keyed on within a version: (episode or device, camera, window)."""
-        start = "" if self.valid_from is None else self.valid_from.isoformat()
-        return (self.episode_id or f"device:{self.device_id}", self.camera, start)
+    def target(self) -> tuple[str | None, str | None, str, datetime | None]:
+        """What the row is keyed on within a version: episode or device, camera, window."""
+        return (self.episode_id, self.device_id, self.camera, self.valid_from)
 
 
 class LabelType(StrEnum):
@@ -152,8 +157,8 @@ class LabelRow(Row):
 
     episode_id: LayerEpisodeId
     label_type: LabelType = LabelType.LABEL
-    start_s: float = Field(ge=0, allow_inf_nan=False)
-    end_s: float = Field(ge=0, allow_inf_nan=False)
+    start_s: Finite = Field(ge=0)
+    end_s: Finite = Field(ge=0)
     text: str = Field(min_length=1, max_length=2000)
 
     @model_validator(mode="after")

@@ -155,7 +155,7 @@ def bench_layers(settings: Settings, episodes: int, keep: bool, log: Log) -> dic
             url = bench.database_libpq_url
             started = time.perf_counter()
             content = read_layer_file(LayerKind.CALIBRATION, jsonl)
-            checked = time.perf_counter()
+            check_s = time.perf_counter() - started
             stored = store_layer(url, LayerKind.CALIBRATION, "v1", content, "bench", jsonl.name)
             ingest_s = time.perf_counter() - started
             log(f"ingested v1 ({stored.rows:,} rows) in {ingest_s:.2f} s")
@@ -180,7 +180,7 @@ def bench_layers(settings: Settings, episodes: int, keep: bool, log: Log) -> dic
                 "layer_rows": stored.rows,
                 "layer_file_mb": round(jsonl_bytes / 2**20, 1),
                 "layer_ingest_s": round(ingest_s, 3),
-                "layer_check_s": round(checked - started, 3),
+                "layer_check_s": round(check_s, 3),
                 "layer_store_s": round(stored.store_s, 3),
                 "layer_rows_per_s": round(stored.rows / ingest_s),
                 "same_version_again_created": again.created,

@@ -23,9 +23,9 @@ from services.metadata.layers import (
     LayerContent,
     LayerRecordError,
     Record,
+    check_json_lines,
     check_rows,
     layer_content,
-    parse_json_lines,
 )
 
 
@@ -45,9 +45,8 @@ def read_layer_rows(kind: LayerKind, path: Path) -> list[Row]:
         except Exception as exc:  # pyarrow raises several types for a file that is not Parquet
             raise LayerRecordError(name, [(1, f"not a Parquet file: {exc}")]) from exc
         records = list(enumerate(table.to_pylist(), start=1))
-    else:
-        records = parse_json_lines(path.read_bytes(), name)
-    return [row for _, row in check_rows(kind, records, name)]
+        return [row for _, row in check_rows(kind, records, name)]
+    return [row for _, row in check_json_lines(kind, path.read_bytes(), name)]
 
 
 @dataclass(frozen=True)

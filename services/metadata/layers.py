@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from pydantic import TypeAdapter, ValidationError
+from pydantic import ConfigDict, TypeAdapter, ValidationError
 from sqlalchemy import Executable, bindparam, text
 
 from schemas.events import TOPIC_ANNOTATED, EpisodesAnnotated, derive_event_id
@@ -64,9 +64,21 @@ ROW_MODELS: dict[LayerKind, type[Row]] = {
     LayerKind.CALIBRATION: CalibrationRow,
     LayerKind.LABELS: LabelRow,
 }
+
+
+# A layer *file* refuses unknown fields (a misspelt key is an error at its line, not a value
+# silently dropped); events ignore them like every event (schemas/events.py).
+class CalibrationFileRow(CalibrationRow):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class LabelFileRow(LabelRow):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
 _ADAPTERS: dict[LayerKind, TypeAdapter[list[Any]]] = {
-    LayerKind.CALIBRATION: TypeAdapter(list[CalibrationRow]),
-    LayerKind.LABELS: TypeAdapter(list[LabelRow]),
+    LayerKind.CALIBRATION: TypeAdapter(list[CalibrationFileRow]),
+    LayerKind.LABELS: TypeAdapter(list[LabelFileRow]),
 }
 
 
@@ -127,11 +139,6 @@ def check_rows(kind: LayerKind, records: Sequence[Record], name: str) -> list[tu
     two rows for one target, no overlapping device windows); every problem with its line.
     Raises LayerRecordError."""
     problems: list[tuple[int, str]] = []
-    fields = set(ROW_MODELS[kind].model_fields)
-    for line, record in records:
-        unknown = sorted(set(record) - fields)
-        if unknown:
-            problems.append((line, f"unknown field(s) {', '.join(map(str, unknown))}"))
     if not records:
         problems.append((1, f"no rows: a {kind.value} layer needs at least one"))
     rows: list[Any] = []
@@ -147,6 +154,25 @@ def check_rows(kind: LayerKind, records: Sequence[Record], name: str) -> list[tu
         raise LayerRecordError(name, problems)
     checked = [(line, row) for (line, _), row in zip(records, rows, strict=True)]
     problems += _whole_version_problems(kind, checked)
+    if problems:
+        raise LayerRecordError(name, problems)
+    return checked
+
+
+def check_json_lines(kind: LayerKind, data: bytes, name: str) -> list[tuple[int, Row]]:
+    """A JSON Lines layer file's rows, checked as `check_rows` checks them. The rows are first
+    parsed and validated in one pass of pydantic's JSON parser (the file's lines as one array:
+    ~10x faster than a `json.loads` and a validation per line); if anything is wrong, the file
+    is read again line by line, which names every problem by its line."""
+    numbered = [(n, line) for n, line in enumerate(data.splitlines(), start=1) if line.strip()]
+    try:
+        rows = _ADAPTERS[kind].validate_json(b"[" + b",".join(line for _, line in numbered) + b"]")
+    except ValidationError:
+        rows = None
+    if rows is None or not rows or len(rows) != len(numbered):  # a line of two values...
+        return check_rows(kind, parse_json_lines(data, name), name)
+    checked = [(line, row) for (line, _), row in zip(numbered, rows, strict=True)]
+    problems = _whole_version_problems(kind, checked)
     if problems:
         raise LayerRecordError(name, problems)
     return checked
@@ -199,21 +225,6 @@ def _iso(moment: datetime | None) -> str | None:
     return None if moment is None else moment.astimezone(UTC).isoformat()
 
 
-def _calibration_params(row: CalibrationRow) -> dict[str, Any]:
-    """What the manifest carries per camera (units: px, metres)."""
-    return {
-        "width": row.width,
-        "height": row.height,
-        "fx": row.fx,
-        "fy": row.fy,
-        "cx": row.cx,
-        "cy": row.cy,
-        "distortion_model": row.distortion_model.value,
-        "distortion": list(row.distortion),
-        "extrinsics": list(row.extrinsics),
-    }
-
-
 def _sort_key(row: Row) -> tuple[Any, ...]:
     if isinstance(row, CalibrationRow):
         return (row.episode_id or "", row.device_id or "", row.camera, _iso(row.valid_from) or "")
@@ -243,6 +254,19 @@ class LayerContent:
         return out
 
 
+def _params_json(row: CalibrationRow) -> str:
+    """The camera's calibration as the manifest carries it (px, metres), as JSON: formatted
+    here rather than by a serializer because a 10^5-row layer formats 10^5 of them (every
+    number is finite, and a float's repr is valid JSON). Postgres stores it as jsonb."""
+    distortion = ",".join(map(repr, row.distortion))
+    extrinsics = ",".join(map(repr, row.extrinsics))
+    return (
+        f'{{"width":{row.width},"height":{row.height},"fx":{row.fx!r},"fy":{row.fy!r},'
+        f'"cx":{row.cx!r},"cy":{row.cy!r},"distortion_model":"{row.distortion_model.value}",'
+        f'"distortion":[{distortion}],"extrinsics":[{extrinsics}]}}'
+    )
+
+
 def layer_content(kind: LayerKind, rows: Iterable[Row]) -> LayerContent:
     """The canonical rows of a version: sorted on their natural key, numbered, and hashed.
     The same rows in any order give the same content and digest."""
@@ -250,7 +274,7 @@ def layer_content(kind: LayerKind, rows: Iterable[Row]) -> LayerContent:
     out: list[tuple[Any, ...]] = []
     for row_no, row in enumerate(ordered):
         if isinstance(row, CalibrationRow):
-            params = json.dumps(_calibration_params(row), sort_keys=True, separators=(",", ":"))
+            params = _params_json(row)
             out.append(
                 (
                     row_no,
@@ -267,10 +291,10 @@ def layer_content(kind: LayerKind, rows: Iterable[Row]) -> LayerContent:
             out.append(
                 (row_no, row.episode_id, row.label_type.value, row.start_s, row.end_s, row.text)
             )
-    digest = hashlib.sha256()
-    digest.update(kind.value.encode() + b"\n")
-    for values in out:
-        digest.update(json.dumps(values, separators=(",", ":")).encode() + b"\n")
+    # The digest: each row's values (str() of a float is its shortest round-trip form) joined
+    # by a unit separator, a line per row.
+    digest = hashlib.sha256(kind.value.encode() + b"\n")
+    digest.update("".join("\x1f".join(map(str, values)) + "\n" for values in out).encode())
     return LayerContent(kind, out, digest.hexdigest())
 
 
