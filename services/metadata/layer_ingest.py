@@ -95,9 +95,12 @@ def store_layer(
             with conn.cursor() as cur, cur.copy(copy_sql.encode()) as copy:
                 for row in content.rows:
                     copy.write_row((version, *row))
-        ids = sorted(content.episode_ids)
-        known = conn.execute(
-            "SELECT count(*) FROM episodes WHERE episode_id = ANY(%s)", (ids,)
+        # An anti-join on the server (sending 10^5 ids as an array parameter cost ~0.5 s).
+        unknown = conn.execute(
+            f"SELECT count(DISTINCT x.episode_id) FROM {LAYER_TABLES[kind]} x "  # noqa: S608 (a fixed table name)
+            "WHERE x.version = %s AND x.episode_id IS NOT NULL AND NOT EXISTS "
+            "(SELECT 1 FROM episodes e WHERE e.episode_id = x.episode_id)",
+            (version,),
         ).fetchone()
     return StoredLayer(
         kind,
@@ -105,7 +108,7 @@ def store_layer(
         content.digest,
         len(content.rows),
         created=inserted is not None,
-        unknown_episodes=len(ids) - int(known[0] if known else 0),
+        unknown_episodes=int(unknown[0]) if unknown else 0,
         store_s=time.perf_counter() - started,
     )
 

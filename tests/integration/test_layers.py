@@ -150,6 +150,8 @@ def test_a_layer_through_the_topic_and_through_the_file_gives_the_same_rows(
                                    "--version", "v1", "--author", "annotator")  # fmt: skip
         assert code == 0, stderr
         assert report is not None and report["created"] is True
+        # nothing of the warehouse's: every episode id the version names is unknown to it
+        assert report["unknown_episodes"] == {"labels": 6, "calibration": 5}[kind]
     by_file, by_topic = layer_rows(through_file), layer_rows(through_topic)
     assert by_file == by_topic
     assert len(by_file["layer_labels"]) == 7 and len(by_file["layer_calibration"]) == 6
