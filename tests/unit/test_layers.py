@@ -307,3 +307,26 @@ def test_device_window_rows_take_aware_timestamps_in_any_zone() -> None:
     )  # fmt: skip
     (stored,) = layer_content(LayerKind.CALIBRATION, [row]).rows
     assert stored[3] == datetime(2026, 1, 1, tzinfo=UTC).isoformat()
+
+
+def test_the_bench_reads_gets_from_the_object_stores_own_request_log(tmp_path: Path) -> None:
+    from services.bench.layers import S3RequestLog
+
+    log = tmp_path / "s3.log"
+    log.write_text('127.0.0.1 - - [04/Dec/2026 22:36:55] "HEAD /egoline HTTP/1.1" 200 -\n')
+    requests = S3RequestLog(log, "egoline")
+    requests.begin()  # only what comes after counts
+    with log.open("a") as out:
+        out.write(
+            '127.0.0.1 - - [x] "GET /egoline/raw/dev1/2026/01/01/ep1/ab.mp4 HTTP/1.1" 206 -\n'
+            '127.0.0.1 - - [x] "PUT /egoline/manifests/m.arrow?partNumber=1 HTTP/1.1" 200 -\n'
+            '127.0.0.1 - - [x] "\x1b[35m\x1b[1mDELETE /egoline/a%2Fb HTTP/1.1\x1b[0m" 204 -\n'
+            '127.0.0.1 - - [x] "GET /other-bucket/raw/x HTTP/1.1" 200 -\n'
+        )
+    requests.end()
+    assert requests.requests == [
+        ("GET", "raw/dev1/2026/01/01/ep1/ab.mp4"),
+        ("PUT", "manifests/m.arrow"),
+        ("DELETE", "a/b"),
+    ]
+    assert requests.gets() == ["raw/dev1/2026/01/01/ep1/ab.mp4"]
