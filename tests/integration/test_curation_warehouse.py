@@ -379,7 +379,7 @@ def test_manifest_rows_carry_quality_and_duplicate_of_and_inspect_shows_them(
     shown = CliRunner().invoke(app, ["manifest", "inspect", str(built.local_path)])
     assert shown.exit_code == 0, shown.output
     summary = json.loads(shown.stdout.strip().splitlines()[-1])
-    assert summary["format_version"] == 4
+    assert summary["format_version"] == 5
     assert summary["duplicate_rows"] == 6 and summary["duplicates_of"] == ["cur-clean"]
     assert summary["quality"]["motion"]["nulls"] == 3
     assert summary["quality"]["sharpness"]["min"] == 4.0
