@@ -48,6 +48,19 @@ def with_clip_key(row: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
+def clip_labels(row: dict[str, Any]) -> list[dict[str, Any]]:
+    """The labelled spans of a manifest row's episode (its `labels` column, format 5) that
+    overlap the clip's span [clip_start_s, clip_start_s + clip_duration_s), both on the
+    episode clock, in time order; a zero-length span counts at its instant. Empty when the
+    manifest pinned no labels or the episode has none."""
+    spans = json.loads(row["labels"]) if row.get("labels") else []
+    start = float(row["clip_start_s"])
+    end = start + float(row["clip_duration_s"])
+    return [
+        s for s in spans if s["start_s"] < end and (s["end_s"] > start or s["start_s"] >= start)
+    ]
+
+
 def manifest_rows(
     table: pa.Table, start: int = 0, count: int | None = None
 ) -> list[dict[str, Any]]:

@@ -330,3 +330,17 @@ def test_the_bench_reads_gets_from_the_object_stores_own_request_log(tmp_path: P
         ("DELETE", "a/b"),
     ]
     assert requests.gets() == ["raw/dev1/2026/01/01/ep1/ab.mp4"]
+
+
+def test_a_clips_labels_are_the_spans_of_its_episode_overlapping_it() -> None:
+    from services.manifest.load import clip_labels
+
+    spans = [
+        {"type": "subtask", "start_s": 0.0, "end_s": 10.0, "text": "reach"},  # ends at the start
+        {"type": "subtask", "start_s": 9.5, "end_s": 12.0, "text": "grasp"},
+        {"type": "label", "start_s": 15.0, "end_s": 15.0, "text": "contact"},  # an instant
+        {"type": "subtask", "start_s": 20.0, "end_s": 25.0, "text": "lift"},  # starts at the end
+    ]
+    row = {"clip_start_s": 10.0, "clip_duration_s": 10.0, "labels": json.dumps(spans)}
+    assert [s["text"] for s in clip_labels(row)] == ["grasp", "contact"]
+    assert clip_labels({"clip_start_s": 0.0, "clip_duration_s": 5.0, "labels": None}) == []
