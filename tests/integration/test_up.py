@@ -76,6 +76,7 @@ def up_env(tmp_path: Path) -> Iterator[dict[str, str]]:
     subprocess.run(
         [sys.executable, "-m", "services.cli", "down"], env=env, capture_output=True, check=False
     )
+    Stack(tmp_path / "stack").down()  # whatever a failed `down` left of the embedded stack
 
 
 def test_up_detach_shards_uploaded_episodes_restarts_a_crash_and_down_leaves_nothing(
