@@ -106,7 +106,7 @@ def test_up_detach_shards_uploaded_episodes_restarts_a_crash_and_down_leaves_not
         return doc if doc.get("episodes", {}).get("sharded") == len(ids) else None
 
     doc = wait_for(all_sharded, 240, "every uploaded episode sharded")
-    assert doc["up"] is True
+    assert doc is not None and doc["up"] is True
     assert doc["episodes"]["rejected"] == 0 and doc["episodes"]["dead_lettered"] == 0
     assert all(s["state"] == "running" for s in doc["services"].values())
 
