@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from sqlalchemy import Engine, create_engine
+from sqlalchemy import ClauseElement, Engine, create_engine
 from sqlalchemy.dialects import postgresql
 
 from services.common.settings import Settings
@@ -31,9 +31,10 @@ from services.stack.corpus import (
 from services.stack.launcher import free_port
 
 
-def sql(query: Any) -> str:
+def sql(query: ClauseElement) -> str:
     """The statement as Postgres gets it, with its bound values inlined."""
-    compiled = query.compile(dialect=postgresql.dialect(), compile_kwargs={"literal_binds": True})
+    dialect = postgresql.dialect()  # type: ignore[no-untyped-call]
+    compiled = query.compile(dialect=dialect, compile_kwargs={"literal_binds": True})
     return " ".join(str(compiled).split())
 
 
