@@ -216,8 +216,8 @@ def near_pair_count_query(pipeline_version: str) -> AnySelect:
 
 
 def latest_duplicates_query(pipeline_version: str, limit: int) -> AnySelect:
-    """The latest recorded duplicates (by `started_at`: the later of a pair is the duplicate),
-    with the evidence of a near pair."""
+    """The duplicates that arrived last (by the time their episode was last updated, normally
+    when it was sharded), with the evidence of a near pair."""
     m, n = manifest_episodes, near_duplicates
     return (
         select(
@@ -226,10 +226,12 @@ def latest_duplicates_query(pipeline_version: str, limit: int) -> AnySelect:
             m.c.duplicate_kind,
             m.c.device_id,
             m.c.started_at,
+            episodes.c.updated_at,
             n.c.shared,
             n.c.min_distance,
         )
         .select_from(m)
+        .join(episodes, episodes.c.episode_id == m.c.episode_id)
         .outerjoin(
             n,
             and_(
@@ -239,7 +241,7 @@ def latest_duplicates_query(pipeline_version: str, limit: int) -> AnySelect:
             ),
         )
         .where(m.c.pipeline_version == pipeline_version, m.c.duplicate_of.is_not(None))
-        .order_by(m.c.started_at.desc(), m.c.episode_id)
+        .order_by(episodes.c.updated_at.desc(), m.c.episode_id)
         .limit(limit)
     )
 
@@ -420,6 +422,7 @@ def duplicates(engine: Engine, pipeline_version: str, limits: Limits) -> dict[st
                 "kind": r.duplicate_kind,
                 "device_id": r.device_id,
                 "started_at": _iso(r.started_at),
+                "updated_at": _iso(r.updated_at),
                 "shared": _float(r.shared),
                 "min_distance": r.min_distance,
             }

@@ -183,7 +183,8 @@ def test_duplicates_show_the_copy_and_its_original(corpus: Corpus) -> None:
         "exact",
         corpus.device,
     )
-    assert corpus.original not in latest  # the earlier recording stays canonical
+    # the earlier recording stays canonical (it may be a near duplicate of another test's)
+    assert latest.get(corpus.original, {}).get("duplicate_of") != corpus.copy
 
 
 def sharded_times(settings: Settings) -> list[tuple[str, datetime, datetime, datetime | None]]:

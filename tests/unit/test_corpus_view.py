@@ -103,9 +103,7 @@ def test_every_example_list_is_limited_and_ordered_latest_first() -> None:
     assert rejects.endswith("ORDER BY episodes.updated_at DESC, episodes.episode_id LIMIT 10")
     dups = sql(corpus.latest_duplicates_query("v1", 10))
     assert "manifest_episodes.duplicate_of IS NOT NULL" in dups
-    assert dups.endswith(
-        "ORDER BY manifest_episodes.started_at DESC, manifest_episodes.episode_id LIMIT 10"
-    )
+    assert dups.endswith("ORDER BY episodes.updated_at DESC, manifest_episodes.episode_id LIMIT 10")
     assert sql(corpus.latest_dead_letters_query(5)).endswith("LIMIT 5")
 
 
