@@ -192,3 +192,9 @@ def test_a_lag_service_without_a_corpus_reader_says_so() -> None:
 
 def test_the_lag_service_serves_the_panels_the_corpus_module_computes() -> None:
     assert CORPUS_PANELS == PANELS
+
+
+def test_a_lag_service_without_a_configured_warehouse_names_the_setting() -> None:
+    reader = corpus.corpus_reader(Settings(_env_file=None, database_url=None))
+    error = reader.panel("summary")["error"]
+    assert error is not None and "EGOLINE_DATABASE_URL" in error
