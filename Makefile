@@ -9,7 +9,7 @@ EPISODES ?= 20
 CHROMIUM := /usr/bin/chromium
 SUDO     := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: venv demo test lint typecheck unit integration lag-page-png stack-up stack-down schemas clean
+.PHONY: venv demo test lint typecheck unit integration lag-page-png corpus-page-png stack-up stack-down schemas clean
 
 # `make demo` installs only what the demo runs (the services and the embedded stack: no torch,
 # no browser driver, no linters); `make test` installs the full dev set on top.
@@ -55,6 +55,10 @@ integration: $(STAMP) $(CHROMIUM)
 lag-page-png: $(STAMP) $(CHROMIUM)
 	$(BIN)/pytest tests/integration/test_lag.py tests/integration/test_lag_page.py \
 		--lag-page-png docs/lag-page.png
+
+# Regenerate docs/corpus-page.png (its episodes go through the fleet first).
+corpus-page-png: $(STAMP) $(CHROMIUM)
+	$(BIN)/pytest tests/integration/test_corpus.py --corpus-page-png docs/corpus-page.png
 
 stack-up: $(STAMP)
 	$(BIN)/egoline stack up

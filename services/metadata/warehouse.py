@@ -55,6 +55,8 @@ episodes = Table(
     Index("ix_episodes_device", "device_id"),
     Index("ix_episodes_started", "started_at"),
     Index("ix_episodes_session", "session_id"),
+    # the corpus view (services/stack/corpus.py): the latest episodes to reach a status
+    Index("ix_episodes_status_updated", "status", "updated_at"),
 )
 
 pipeline_versions = Table(
