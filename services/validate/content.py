@@ -22,8 +22,8 @@ def clip_qualities(
 ) -> list[ClipQuality]:
     """Each future clip's signals (the shard stage's `quality`): windows of about
     `clip_target_s` seconds at the main stream's keyframes, the signals moved onto the episode
-    clock, the IMU (on the main stream's clock) sliced by the same windows. Empty without
-    keyframes (the shard stage would cut nothing)."""
+    clock, the IMU (on the main stream's clock) sliced by the same windows. Empty only when
+    the episode spans no time."""
     clock = episode_clock(decoded)
     windows = clip_windows(decoded, clock, clip_target_s)
     streams = signals_on_clock(signals, clock.starts_s)
@@ -44,6 +44,6 @@ def episode_content(
     dark_luma: float,
     flat_std: float,
 ) -> EpisodeContent | None:
-    """The episode's worst clip values, None when it has no clips to judge."""
+    """The episode's worst clip values, None when it has no clip to judge."""
     qualities = clip_qualities(decoded, signals, imu, clip_target_s, dark_luma, flat_std)
     return EpisodeContent.of_clips(qualities) if qualities else None
