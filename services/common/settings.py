@@ -127,7 +127,8 @@ class CurationSettings(_Group):
     The frame-level ones (`sample_s`, `dark_luma`, `flat_std`, `still_bits_per_pixel`) shape
     the signals the pipeline computes: changing them is a new pipeline version and a backfill.
     The others are thresholds applied when a manifest is built, on the raw values stored:
-    changing them needs no re-ingestion."""
+    changing them needs no re-ingestion, unless the opt-in reject mode (`reject`) applies them
+    in validate: then verdicts depend on them, and a change is a new pipeline version."""
 
     sample_s: float = Field(default=1.0, gt=0, description="at most one signal frame per this")
     dark_luma: float = Field(default=24.0, ge=0, le=255, description="blocked: mean luma below")
