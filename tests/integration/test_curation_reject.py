@@ -131,13 +131,16 @@ def test_reject_mode_rejects_listed_classes_and_flag_only_accepts_the_same_episo
     assert done.exit_code == 0, done.output
     assert json.loads(done.stdout.strip().splitlines()[-1])["episodes"] == len(rejected)
     wait_for(
+        lambda: set(verdicts(stack, rejected, new)) == set(rejected), 300, "flag-only verdicts"
+    )
+    again = verdicts(stack, rejected, new)
+    assert all(v != "reject" and not r for v, r in again.values()), again
+    wait_for(
         lambda: set(worst_clips(stack, rejected, new)) == set(rejected),
         300,
         "the backfilled episodes' clips",
     )
     clips = worst_clips(stack, rejected, new)
-    again = verdicts(stack, rejected, new)
-    assert all(v != "reject" and not r for v, r in again.values()), again
     _, covered_most, _ = clips[ids["rej_covered"]]
     _, _, frozen_most = clips[ids["rej_frozen"]]
     assert covered_most >= stack.curation.min_blocked_fraction  # flagged by its values
