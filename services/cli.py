@@ -61,8 +61,15 @@ def serve(
 
         def serve_lag_until(stop: threading.Event) -> None:
             from services.lag.app import serve_lag
+            from services.stack.corpus import corpus_reader
 
-            serve_lag(settings, settings.metrics_port or 9308, group or [], stop)
+            # the corpus view's panels read the warehouse; without one they answer an error
+            corpus = corpus_reader(settings)
+            try:
+                port = settings.metrics_port or 9308
+                serve_lag(settings, port, group or [], stop, corpus.panels())
+            finally:
+                corpus.close()
 
         run_threaded_service(settings, serve_lag_until)
         return

@@ -5,7 +5,8 @@
    trimmed duplicates) is encoded the way devices do (encoder defaults), two processes at once.
 2. The device agent uploads it to a fleet of its own; each episode is awaited in the warehouse.
 3. Each episode's predicted classes come from the warehouse alone (its clips' quality values,
-   its duplicate mark) through the same thresholds the manifest filters apply
+   its duplicate mark) through the pipeline's own decision (`media.content.content_classes`,
+   the one validate's reject mode applies) with the `EGOLINE_CURATION_*` thresholds
    (`predict`); against `labels.json` that gives precision and recall per class.
 4. `extra_cpu_fraction`: the validate stage's own function (`validate_episode`: fetch, keyframe
    decode, rules) run in this process on a sample of the mix with signals off and on,
@@ -25,11 +26,12 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, func, select
+from sqlalchemy import Engine, select
 
-from schemas.events import EpisodeUploaded
+from schemas.events import ClipQuality, EpisodeUploaded
 from services.common.objectstore import ObjectStore
-from services.common.settings import CurationSettings, Settings
+from services.common.settings import Settings
+from services.media.content import ContentThresholds, EpisodeContent, content_classes
 from services.metadata.warehouse import clips, manifest_episodes
 from services.synth.realistic import RealisticCase, curation_cases, with_originals, write_case
 
@@ -37,61 +39,21 @@ CLASSES = ("blur", "overexposed", "underexposed", "frozen", "covered", "static",
 
 
 @dataclass(frozen=True)
-class Thresholds:
-    """What counts as each class, on an episode's worst clip. The exposure bounds and the
-    duplicate rule are the manifest's (`CurationSettings`); the others are the values a
-    manifest would be built with (`--min-sharpness`, `--max-frozen-fraction`, `--min-motion`)."""
-
-    min_sharpness: float = 100.0
-    max_frozen_fraction: float = 0.2
-    min_blocked_fraction: float = 0.5
-    min_motion: float = 0.01
-
-
-@dataclass(frozen=True)
 class EpisodeFacts:
     """An episode as the warehouse knows it: its clips' worst values and its duplicate mark."""
 
     episode_id: str
-    sharpness: float | None  # lowest clip median
-    min_luma: float | None  # darkest clip's mean luma
-    max_luma: float | None  # brightest clip's mean luma
-    highlights: float | None  # highest
-    shadows: float | None  # highest
-    frozen_fraction: float  # highest
-    blocked_fraction: float  # highest
-    motion: float | None  # lowest clip gyro RMS (None: no IMU)
+    content: EpisodeContent
     duplicate_of: str | None
 
 
-def predict(facts: EpisodeFacts, cur: CurationSettings, th: Thresholds) -> set[str]:
-    """The classes the warehouse values say, most specific first: a covered lens is dark and
-    flat (not "underexposed", not "blurred"); a dark or clipped picture has no contrast for the
-    Laplacian, so blur is judged on well-exposed pictures only; a picture that stops while the
-    device rests is a device at rest, frozen only when the device moves (or has no IMU)."""
-    out: set[str] = set()
+def predict(facts: EpisodeFacts, th: ContentThresholds) -> set[str]:
+    """The classes of an episode: its content classes by the pipeline's own decision
+    (`services.media.content.content_classes`, the one validate's reject mode applies) and
+    `duplicate` when the warehouse marked it a duplicate."""
+    out = {c.value for c in content_classes(facts.content, th)}
     if facts.duplicate_of is not None:
         out.add("duplicate")
-    covered = facts.blocked_fraction >= th.min_blocked_fraction
-    static = facts.motion is not None and facts.motion < th.min_motion
-    over = (facts.highlights or 0.0) > cur.max_highlights or (
-        facts.max_luma is not None and facts.max_luma > cur.max_mean_luma
-    )
-    under = (facts.shadows or 0.0) > cur.max_shadows or (
-        facts.min_luma is not None and facts.min_luma < cur.min_mean_luma
-    )
-    if covered:
-        out.add("covered")
-    elif over:
-        out.add("overexposed")
-    elif under:
-        out.add("underexposed")
-    elif facts.sharpness is not None and facts.sharpness < th.min_sharpness:
-        out.add("blur")
-    if static:
-        out.add("static")
-    elif not covered and facts.frozen_fraction > th.max_frozen_fraction:
-        out.add("frozen")
     return out
 
 
@@ -187,47 +149,46 @@ def signal_overhead(
 
 
 def episode_facts(engine: Engine, ids: list[str], pipeline_version: str) -> dict[str, EpisodeFacts]:
-    """Each episode's worst clip values (from `clips`) and duplicate mark (from
-    `manifest_episodes`): what the manifest filters see."""
+    """Each episode's clips' values (from `clips`, summarised by `EpisodeContent.of_clips`) and
+    duplicate mark (from `manifest_episodes`): what the manifest filters see."""
     c = clips.c
-    rows = (
-        select(
-            c.episode_id,
-            func.min(c.sharpness),
-            func.min(c.mean_luma),
-            func.max(c.mean_luma),
-            func.max(c.highlights),
-            func.max(c.shadows),
-            func.max(c.frozen_fraction),
-            func.max(c.blocked_fraction),
-            func.min(c.motion),
-        )
-        .where(c.episode_id.in_(ids), c.pipeline_version == pipeline_version)
-        .group_by(c.episode_id)
-    )
+    rows = select(
+        c.episode_id,
+        c.sharpness,
+        c.mean_luma,
+        c.highlights,
+        c.shadows,
+        c.frozen_fraction,
+        c.blocked_fraction,
+        c.motion,
+    ).where(c.episode_id.in_(ids), c.pipeline_version == pipeline_version)
     marks = select(manifest_episodes.c.episode_id, manifest_episodes.c.duplicate_of).where(
         manifest_episodes.c.episode_id.in_(ids),
         manifest_episodes.c.pipeline_version == pipeline_version,
     )
     with engine.connect() as conn:
         duplicate_of = {str(e): d for e, d in conn.execute(marks)}
-        out = {}
-        for e, sharp, lo, hi, high, low, frozen, blocked, motion in conn.execute(rows):
-            out[str(e)] = EpisodeFacts(
-                episode_id=str(e),
-                sharpness=sharp,
-                min_luma=lo,
-                max_luma=hi,
-                highlights=high,
-                shadows=low,
-                frozen_fraction=frozen or 0.0,
-                blocked_fraction=blocked or 0.0,
-                motion=motion,
-                duplicate_of=None
-                if duplicate_of.get(str(e)) is None
-                else str(duplicate_of[str(e)]),
+        per_episode: dict[str, list[ClipQuality]] = {}
+        for e, sharp, luma, high, low, frozen, blocked, motion in conn.execute(rows):
+            per_episode.setdefault(str(e), []).append(
+                ClipQuality(
+                    sharpness=sharp,
+                    mean_luma=luma,
+                    highlights=high,
+                    shadows=low,
+                    frozen_fraction=frozen or 0.0,
+                    blocked_fraction=blocked or 0.0,
+                    motion=motion,
+                )
             )
-    return out
+    return {
+        e: EpisodeFacts(
+            episode_id=e,
+            content=EpisodeContent.of_clips(qualities),
+            duplicate_of=None if duplicate_of.get(e) is None else str(duplicate_of[e]),
+        )
+        for e, qualities in per_episode.items()
+    }
 
 
 def bench_curate(
@@ -300,8 +261,8 @@ def bench_curate(
     finally:
         fleet.stop()
     facts = episode_facts(engine, ids, settings.pipeline_version)
-    cur = settings.curation
-    predicted = {e: predict(f, cur, Thresholds()) for e, f in facts.items()}
+    thresholds = ContentThresholds.of(settings.curation)
+    predicted = {e: predict(f, thresholds) for e, f in facts.items()}
     truth = {e: truth_of(label) for e, label in truth_labels.items()}
     scores = score(truth, predicted)
     wrong = {

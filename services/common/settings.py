@@ -16,7 +16,7 @@ from __future__ import annotations
 import tempfile
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal, Self
+from typing import Annotated, Literal, Self
 
 from pydantic import (
     AliasChoices,
@@ -25,10 +25,13 @@ from pydantic import (
     Field,
     PostgresDsn,
     SecretStr,
+    field_validator,
     model_validator,
 )
 from pydantic.fields import FieldInfo
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from schemas.events import ContentClass
 
 STACK_DIR_DEFAULT = Path(".stack")
 ENDPOINTS_FILE = "endpoints.env"
@@ -124,7 +127,8 @@ class CurationSettings(_Group):
     The frame-level ones (`sample_s`, `dark_luma`, `flat_std`, `still_bits_per_pixel`) shape
     the signals the pipeline computes: changing them is a new pipeline version and a backfill.
     The others are thresholds applied when a manifest is built, on the raw values stored:
-    changing them needs no re-ingestion."""
+    changing them needs no re-ingestion, unless the opt-in reject mode (`reject`) applies them
+    in validate: then verdicts depend on them, and a change is a new pipeline version."""
 
     sample_s: float = Field(default=1.0, gt=0, description="at most one signal frame per this")
     dark_luma: float = Field(default=24.0, ge=0, le=255, description="blocked: mean luma below")
@@ -136,12 +140,47 @@ class CurationSettings(_Group):
     max_shadows: float = Field(default=0.3, ge=0, le=1, description="--exposure-ok bound")
     min_mean_luma: float = Field(default=30.0, ge=0, le=255, description="--exposure-ok bound")
     max_mean_luma: float = Field(default=225.0, ge=0, le=255, description="--exposure-ok bound")
+    # The content classes and their thresholds: what `services.media.content.content_classes`
+    # decides from an episode's worst clip (the bench scores it; the reject mode applies it).
+    # The thresholds mean what the manifest filters of the same name mean.
+    min_sharpness: float = Field(
+        default=100.0, ge=0, description="blur: a well-exposed clip's median Laplacian variance"
+    )
+    max_frozen_fraction: float = Field(
+        default=0.2, ge=0, le=1, description="frozen: a clip's frozen share above this"
+    )
+    min_blocked_fraction: float = Field(
+        default=0.5, ge=0, le=1, description="covered: a clip's covered share at least this"
+    )
+    min_motion: float = Field(
+        default=0.01, ge=0, description="static (device at rest): a clip's gyro RMS below, rad/s"
+    )
+    # Opt-in reject mode: validate rejects an episode of these classes (reason code
+    # `content_<class>`); empty (the default) flags only. A pipeline-version decision: changing
+    # it changes verdicts, so it needs a backfill (docs/curation.md).
+    reject: Annotated[frozenset[ContentClass], NoDecode] = Field(
+        default=frozenset(), description="content classes validate rejects (comma list)"
+    )
     near_dup_max_hamming: int = Field(
         default=7, ge=0, le=64, description="two frames' perceptual hashes this close match"
     )
     near_dup_min_shared: float = Field(
         default=0.5, gt=0, le=1, description="share of the shorter episode's frames that match"
     )
+
+    @field_validator("reject", mode="before")
+    @classmethod
+    def _comma_list(cls, value: object) -> object:
+        """`covered,frozen` (the environment's form) -> the classes; `duplicate` is refused:
+        duplicates are found after validate, in the warehouse."""
+        if isinstance(value, str):
+            value = [v.strip().lower() for v in value.split(",") if v.strip()]
+        if isinstance(value, list | tuple | set | frozenset) and "duplicate" in value:
+            raise ValueError(
+                "duplicate cannot be rejected by validate (duplicates are found later, in the "
+                "warehouse): build manifests with --exclude-duplicates instead"
+            )
+        return value
 
 
 def _is_placeholder(secret: SecretStr | str | None) -> bool:

@@ -11,6 +11,8 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Callable, Mapping
+from functools import partial
 from importlib import resources
 from typing import Any
 
@@ -141,14 +143,45 @@ def json_response(payload: dict[str, Any]) -> Response:
     return 200, "application/json", json.dumps(payload).encode()
 
 
-def page() -> bytes:
-    """The lag page: one self-contained HTML file shipped in this package (no CDN)."""
-    return resources.files("services.lag").joinpath("page.html").read_bytes()
+def page(name: str = "page.html") -> bytes:
+    """A page of this service: one self-contained HTML file shipped in this package (no CDN)."""
+    return resources.files("services.lag").joinpath(name).read_bytes()
 
 
-def routes(service: LagService) -> dict[str, Route]:
+# The corpus view's panels (services/stack/corpus.py computes them; this package only serves
+# them: the warehouse's tables are above it in the layer order). Each is a no-argument function
+# returning the panel's JSON, with an `error` field when the warehouse cannot answer.
+CorpusPanels = Mapping[str, Callable[[], dict[str, Any]]]
+CORPUS_PANELS = ("summary", "rejects", "duplicates", "freshness")
+
+
+def corpus_routes(panels: CorpusPanels | None) -> dict[str, Route]:
+    """`/corpus` (the page), `/corpus/<panel>.json` per panel and `/corpus.json` (all of them).
+    Without panels (a lag service given no warehouse reader) every panel answers an error."""
+
+    def one(name: str) -> dict[str, Any]:
+        read = (panels or {}).get(name)
+        if read is None:
+            return {"panel": name, "error": "this lag service has no warehouse reader"}
+        return read()
+
+    def answer(name: str) -> Response:
+        return json_response(one(name))
+
+    html = page("corpus.html")
+    routes: dict[str, Route] = {
+        "/corpus": lambda: (200, "text/html; charset=utf-8", html),
+        "/corpus.json": lambda: json_response({name: one(name) for name in CORPUS_PANELS}),
+    }
+    for name in CORPUS_PANELS:
+        routes[f"/corpus/{name}.json"] = partial(answer, name)
+    return routes
+
+
+def routes(service: LagService, corpus: CorpusPanels | None = None) -> dict[str, Route]:
     html = page()
     return {
+        **corpus_routes(corpus),
         "/": lambda: (200, "text/html; charset=utf-8", html),
         "/metrics": metrics_route(service.metrics.registry),
         "/lag.json": lambda: json_response(service.snapshot()),
@@ -161,11 +194,19 @@ def routes(service: LagService) -> dict[str, Route]:
 
 
 def serve_lag(
-    settings: Settings, port: int, extra_groups: list[str], stop: threading.Event
+    settings: Settings,
+    port: int,
+    extra_groups: list[str],
+    stop: threading.Event,
+    corpus: CorpusPanels | None = None,
 ) -> None:
     service = LagService(settings, [*PIPELINE_GROUPS, *extra_groups])
-    server = start_http(settings.metrics_host, port, routes(service))
-    log.info("lag service on http://%s:%d (/, /metrics, /lag.json)", settings.metrics_host, port)
+    server = start_http(settings.metrics_host, port, routes(service, corpus))
+    log.info(
+        "lag service on http://%s:%d (/, /corpus, /metrics, /lag.json)",
+        settings.metrics_host,
+        port,
+    )
     try:
         service.poll_forever(stop)
     finally:

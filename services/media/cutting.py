@@ -26,6 +26,8 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
+from schemas.events import EpisodeDecoded
+
 MISSING = np.iinfo(np.int64).min
 
 
@@ -146,3 +148,50 @@ def plan_clips(
         cuts.pop()
     cuts.append(end_s)
     return list(itertools.pairwise(cuts))
+
+
+@dataclass(frozen=True)
+class EpisodeClock:
+    """The episode clock: seconds from the earliest frame of any camera, so nothing any camera
+    recorded falls before the first clip. `origin_s` is that frame's time on the main file's
+    clock (each camera's own clock shifted by its `offset_s`); `end_s` the last frame's end on
+    the episode clock; `starts_s` each (camera, stream index)'s first frame on it."""
+
+    origin_s: float
+    end_s: float
+    starts_s: dict[tuple[str, int], float]
+
+    def primary_shift_s(self, decoded: EpisodeDecoded) -> float:
+        """Where the main stream's first frame lies on the episode clock (its keyframe times
+        and the IMU, both on that stream's clock, move by this)."""
+        return self.starts_s[
+            (decoded.episode.camera, decoded.streams[decoded.primary_stream].index)
+        ]
+
+
+def episode_clock(decoded: EpisodeDecoded) -> EpisodeClock:
+    """The clock every stream of every camera of `decoded` shares (see `EpisodeClock`)."""
+    files = [(decoded.episode.camera, 0.0, decoded.streams)] + [
+        (c.name, c.offset_s, c.streams) for c in decoded.cameras
+    ]
+    origin = min(s.start_s + offset for _, offset, streams in files for s in streams)
+    end = max(s.start_s + offset + s.duration_s for _, offset, streams in files for s in streams)
+    return EpisodeClock(
+        origin_s=origin,
+        end_s=end - origin,
+        starts_s={
+            (camera, s.index): s.start_s + offset - origin
+            for camera, offset, streams in files
+            for s in streams
+        },
+    )
+
+
+def clip_windows(
+    decoded: EpisodeDecoded, clock: EpisodeClock, target_s: float
+) -> list[tuple[float, float]]:
+    """The episode's clips as [start, end) windows on its clock: cut at the main stream's
+    keyframes into about `target_s` seconds each (`plan_clips`). The shard stage cuts at these;
+    validate's reject mode judges the same windows."""
+    shift = clock.primary_shift_s(decoded)
+    return plan_clips([t + shift for t in decoded.keyframe_times_s], 0.0, clock.end_s, target_s)

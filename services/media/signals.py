@@ -18,7 +18,7 @@ import cv2
 import numpy as np
 from numpy.typing import NDArray
 
-from schemas.events import ClipQuality, StreamSignals
+from schemas.events import ClipQuality, EpisodeSignals, StreamSignals
 
 # Luma of a clipped highlight / crushed shadow (8-bit, full range after the scaler).
 HIGHLIGHT_LUMA = 250
@@ -149,6 +149,29 @@ def stream_signals(
         phash=[f.phash for f in frames],
         still_spans_s=[(round(a, 3), round(b, 3)) for a, b in spans],
     )
+
+
+def signals_on_clock(
+    signals: EpisodeSignals, starts_s: dict[tuple[str, int], float]
+) -> list[StreamSignals]:
+    """The validate stage's per-stream signals moved onto the episode clock (each stream's
+    times are from its own first pts; `starts_s` puts each (camera, stream index)'s first frame
+    on the episode clock, `cutting.EpisodeClock.starts_s`), so a clip window selects them
+    directly. Streams not in `starts_s` are left out."""
+    out = []
+    for sig in signals.streams:
+        shift = starts_s.get((sig.camera, sig.stream_index))
+        if shift is None:
+            continue
+        out.append(
+            sig.model_copy(
+                update={
+                    "t_s": [t + shift for t in sig.t_s],
+                    "still_spans_s": [(a + shift, b + shift) for a, b in sig.still_spans_s],
+                }
+            )
+        )
+    return out
 
 
 def _blocked_share(

@@ -56,6 +56,8 @@ episodes = Table(
     Index("ix_episodes_device", "device_id"),
     Index("ix_episodes_started", "started_at"),
     Index("ix_episodes_session", "session_id"),
+    # the corpus view (services/stack/corpus.py): the latest episodes to reach a status
+    Index("ix_episodes_status_updated", "status", "updated_at"),
 )
 
 pipeline_versions = Table(
@@ -319,11 +321,11 @@ manifests = Table(
     Column("row_count", BigInteger, nullable=False),
     Column("size_bytes", BigInteger, nullable=False),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
-    # The layer versions the manifest pinned, resolved ({"calibration": "v3"}; migration 0008).
+    # The layer versions the manifest pinned, resolved ({"calibration": "v3"}; migration 0009).
     Column("layers", JSONB, nullable=False, server_default="{}"),
 )
 
-# Layers (migration 0008): versioned data attached to episodes after ingestion. A version is
+# Layers (migration 0009): versioned data attached to episodes after ingestion. A version is
 # written whole, once (a file in one transaction, or one `episodes.annotated` event) and never
 # changes: `digest` is the sha256 of its canonical rows (services/metadata/layers.py), and a
 # second write of the version is a no-op with the same digest, refused with another. `seq`

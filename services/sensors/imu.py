@@ -251,6 +251,19 @@ def slice_imu(
     return out
 
 
+def slice_imu_by_windows(
+    samples: ImuSamples, windows: Sequence[tuple[float, float]], shift_s: float
+) -> list[NDArray[np.float64]]:
+    """The IMU cut at consecutive clip windows (seconds on a clock where the IMU's time 0 lies
+    at `shift_s`): every sample in exactly one slice (the first also takes what came before the
+    video, the last what came after), timestamps rebased to each window's start."""
+    last = len(windows) - 1
+    return [
+        slice_imu(samples, a - shift_s, b - shift_s, include_before=i == 0, include_after=i == last)
+        for i, (a, b) in enumerate(windows)
+    ]
+
+
 def _read_npy(data: bytes, name: str, max_rows: int) -> NDArray[Any]:
     """A read-only 2-D view of a `.npy` file's data, its header vetted before any view is made.
 

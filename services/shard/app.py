@@ -38,7 +38,6 @@ from schemas.events import (
     ReasonCode,
     ShardsWritten,
     StreamInfo,
-    StreamSignals,
     Verdict,
     derive_event_id,
 )
@@ -55,11 +54,11 @@ from services.media.av_io import (
     ticks,
     time_bases,
 )
-from services.media.cutting import MISSING, plan_clips, plan_runs
+from services.media.cutting import MISSING, EpisodeClock, clip_windows, episode_clock, plan_runs
 from services.media.members import member_labels
 from services.media.model import MemberPlan, ProbeError, RemuxError
-from services.media.signals import clip_quality
-from services.sensors.imu import ImuError, load_imu, slice_imu
+from services.media.signals import clip_quality, signals_on_clock
+from services.sensors.imu import ImuError, load_imu, slice_imu_by_windows
 from services.shard.core import (
     clip_key,
     clip_metadata,
@@ -206,12 +205,9 @@ def _cut_into(
     sources = _sources(decoded)
     # The episode clock: seconds from the earliest frame of any camera (so nothing any camera
     # recorded falls before the first clip); the main stream's keyframes shift onto it.
-    origin = min(s.start_s + src.offset_s for src in sources for s in src.streams)
-    span_end = max(s.start_s + src.offset_s + s.duration_s for src in sources for s in src.streams)
-    shift = primary.start_s - origin
-    windows = plan_clips(
-        [t + shift for t in decoded.keyframe_times_s], 0.0, span_end - origin, job.clip_target_s
-    )
+    clock = episode_clock(decoded)
+    origin = clock.origin_s
+    windows = clip_windows(decoded, clock, job.clip_target_s)
     if not windows:
         raise PermanentError(ReasonCode.SHARD_WRITE_FAILED, "no keyframes to cut clips at")
     labels = member_labels(sources)
@@ -274,8 +270,10 @@ def _cut_into(
                         audio_streams=audio_count,
                     )
                 )
-    imu_slices = _imu_slices(store, decoded, windows, origin, frame_times)
-    signals = _signals_on_clock(validated, sources, origin)
+    imu_slices = _imu_slices(store, decoded, windows, clock, frame_times)
+    signals = (
+        None if validated.signals is None else signals_on_clock(validated.signals, clock.starts_s)
+    )
     qualities = [
         None
         if signals is None
@@ -292,40 +290,11 @@ def _cut_into(
     return _spool_clips(validated, windows, per_clip, primary_frames, imu_slices, qualities, spool)
 
 
-def _signals_on_clock(
-    validated: EpisodeValidated, sources: list[SourcePlan], origin: float
-) -> list[StreamSignals] | None:
-    """The validate stage's per-stream signals moved onto the episode clock (each stream's
-    times are from its own first pts), so a clip window selects them directly; None when the
-    validator computed none."""
-    if validated.signals is None:
-        return None
-    starts = {
-        (src.camera, st.index): st.start_s + src.offset_s - origin
-        for src in sources
-        for st in src.streams
-    }
-    out = []
-    for sig in validated.signals.streams:
-        shift = starts.get((sig.camera, sig.stream_index))
-        if shift is None:
-            continue
-        out.append(
-            sig.model_copy(
-                update={
-                    "t_s": [t + shift for t in sig.t_s],
-                    "still_spans_s": [(a + shift, b + shift) for a, b in sig.still_spans_s],
-                }
-            )
-        )
-    return out
-
-
 def _imu_slices(
     store: ObjectStore,
     decoded: EpisodeDecoded,
     windows: list[tuple[float, float]],
-    origin: float,
+    clock: EpisodeClock,
     frame_times: NDArray[np.float64] | None,
 ) -> list[NDArray[np.float64]] | None:
     """The IMU cut by time: every sample in exactly one clip (the first clip also takes what
@@ -341,20 +310,8 @@ def _imu_slices(
         fps=primary.fps or None,
         offset_s=episode.imu_offset_s,
     )
-    # IMU time is on the main stream's clock (0 = its first frame); the episode clock starts at
-    # `origin` on the file clock.
-    shift = primary.start_s - origin
-    last = len(windows) - 1
-    return [
-        slice_imu(
-            samples,
-            a - shift,
-            b - shift,
-            include_before=i == 0,
-            include_after=i == last,
-        )
-        for i, (a, b) in enumerate(windows)
-    ]
+    # IMU time is on the main stream's clock (0 = its first frame)
+    return slice_imu_by_windows(samples, windows, clock.primary_shift_s(decoded))
 
 
 def _spool_clips(

@@ -83,6 +83,8 @@ def up(
     decode, validate, shard, metadata, lag — as supervised processes (restarted with backoff
     if one crashes; logs under <stack dir>/logs), with a live view. Ctrl-C or SIGTERM stops
     everything it started. Then `egoline agent watch DIR` is all a device needs."""
+    import contextlib
+    import signal
     import sys
     import time
 
@@ -110,9 +112,13 @@ def up(
         )
         return
     stop = stop_on_signals()
+    # A closed terminal (SIGHUP) stops everything too, the same way as Ctrl-C.
+    signal.signal(signal.SIGHUP, lambda *_: stop.set())
 
     def log(line: str) -> None:
-        err.print(f"[dim]{time.strftime('%H:%M:%S')} up:[/] {line}")
+        # The terminal may be gone (SIGHUP): never let a log line abort the shutdown.
+        with contextlib.suppress(OSError):
+            err.print(f"[dim]{time.strftime('%H:%M:%S')} up:[/] {line}")
 
     if no_view or not sys.stderr.isatty():
         try:
@@ -132,7 +138,8 @@ def up(
             nonlocal last
             if time.monotonic() - last >= 2.0:
                 last = time.monotonic()
-                live.update(render(fleet_up.status(get_settings())))
+                with contextlib.suppress(OSError):
+                    live.update(render(fleet_up.status(get_settings())))
 
         try:
             fleet_up.supervise(settings, stop, on_tick=show, keep_stack=keep_stack, log=log)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import ColumnElement, Engine, func, literal_column, select
+from sqlalchemy import ColumnElement, Engine, Select, func, literal_column, select
 
 from services.common.settings import Settings
 from services.metadata.core import EpisodeStatus
@@ -47,8 +47,9 @@ def throughput(engine: Engine, pipeline_version: str) -> dict[str, float]:
     }
 
 
-def rejects_by_reason(engine: Engine, pipeline_version: str) -> dict[str, int]:
-    """Rejected verdicts of this pipeline version, counted by each reason code they carry."""
+def reject_counts_query(pipeline_version: str) -> Select[str, int]:
+    """Rejected verdicts of this pipeline version, counted by each reason code they carry
+    (most first)."""
     reason = func.jsonb_array_elements(verdicts.c.reasons).table_valued("value").alias("r")
     code: ColumnElement[str] = literal_column("r.value ->> 'code'")
     query = (
@@ -60,8 +61,14 @@ def rejects_by_reason(engine: Engine, pipeline_version: str) -> dict[str, int]:
         .group_by(code)
         .order_by(func.count().desc(), code)
     )
+    return query
+
+
+def rejects_by_reason(engine: Engine, pipeline_version: str) -> dict[str, int]:
+    """Rejected verdicts of this pipeline version, counted by each reason code they carry."""
     with engine.connect() as conn:
-        return {str(c): int(n) for c, n in conn.execute(query).all()}
+        rows = conn.execute(reject_counts_query(pipeline_version)).tuples().all()
+    return {str(c): int(n) for c, n in rows}
 
 
 def warehouse_status(settings: Settings) -> dict[str, Any]:

@@ -81,9 +81,11 @@ def _lag(doc: dict[str, Any]) -> RenderableType:
 
 
 def render(doc: dict[str, Any]) -> RenderableType:
+    url = doc.get("url")
+    pages = f"{url} (corpus: {url}corpus)" if url else "-"
     head = Text.assemble(
         ("egoline up", "bold"),
-        f"  page {doc.get('url', '-')}  uptime {doc.get('uptime_s', 0):.0f}s  ",
+        f"  page {pages}  uptime {doc.get('uptime_s', 0):.0f}s  ",
         ("Ctrl-C stops everything", "dim"),
     )
     return Group(head, _services(doc), _episodes(doc), _throughput(doc), _rejects(doc), _lag(doc))

@@ -28,7 +28,10 @@ from services.common.scratch import job_scratch
 from services.common.settings import Settings
 from services.common.stage import make_broker, parse_event
 from services.media.av_io import decode_keyframes
+from services.media.content import ContentThresholds, EpisodeContent
 from services.media.signals import SignalSampler, stream_signals
+from services.sensors.imu import ImuError, ImuSamples, load_imu
+from services.validate.content import episode_content
 from services.validate.rules import KeyframeResult, RuleSet, dimensions_in_bounds, evaluate
 
 
@@ -88,6 +91,45 @@ def check_keyframes(
     return out, EpisodeSignals(sample_s=sample_s, streams=signals)
 
 
+def fetch_imu(fetch: Callable[[str, Path], None], decoded: EpisodeDecoded) -> ImuSamples | None:
+    """The episode's IMU samples on the main stream's clock (blocking I/O), None without a
+    readable sidecar (decode reports an unreadable one; the rules reject it). A frame-synced
+    `(frames, 6)` sidecar is timed by the nominal frame rate (the shard stage uses the frame
+    times: the same samples, a gyro RMS that differs only at clip edges of VFR video)."""
+    ref = decoded.episode.imu
+    if ref is None or decoded.imu_error is not None:
+        return None
+    primary = decoded.streams[decoded.primary_stream]
+    with job_scratch("validate-imu") as tmp:
+        path = Path(tmp) / "imu"
+        fetch(ref.key, path)
+        try:
+            return load_imu(
+                path.read_bytes(),
+                ref.key,
+                fps=primary.fps or None,
+                offset_s=decoded.episode.imu_offset_s,
+            )
+        except ImuError:
+            return None
+
+
+def judge_content(
+    fetch: Callable[[str, Path], None],
+    decoded: EpisodeDecoded,
+    signals: EpisodeSignals | None,
+    rules: RuleSet,
+) -> EpisodeContent | None:
+    """The worst clip values reject mode judges; None (nothing fetched, nothing computed) in
+    the default flag-only mode or without signals."""
+    if not rules.reject_content or signals is None:
+        return None
+    imu = fetch_imu(fetch, decoded)
+    return episode_content(
+        decoded, signals, imu, rules.clip_target_s, rules.dark_luma, rules.flat_std
+    )
+
+
 def validate_episode(
     fetch: Callable[[str, Path], None], decoded: EpisodeDecoded, rules: RuleSet
 ) -> EpisodeValidated:
@@ -99,7 +141,8 @@ def validate_episode(
     )
     primary = decoded.streams[decoded.primary_stream]
     keyframes = checks.pop((decoded.episode.camera, primary.index), None)
-    verdict, reasons, warnings = evaluate(decoded, keyframes, rules, checks)
+    content = judge_content(fetch, decoded, signals, rules)
+    verdict, reasons, warnings = evaluate(decoded, keyframes, rules, checks, content)
     return EpisodeValidated(
         event_id=derive_event_id("validated", decoded.event_id, decoded.pipeline_version),
         produced_at=datetime.now(UTC),
@@ -137,10 +180,16 @@ def build_stage(rules: RuleSet) -> Stage[ValidateJob, EpisodeValidated]:
 
 def rules_from(settings: Settings) -> RuleSet:
     """The stage's rules from the settings (the ones the settings carry)."""
+    curation = settings.curation
     return RuleSet(
         keep_audio=settings.keep_audio,
-        signal_sample_s=settings.curation.sample_s,
-        still_bits_per_pixel=settings.curation.still_bits_per_pixel,
+        signal_sample_s=curation.sample_s,
+        still_bits_per_pixel=curation.still_bits_per_pixel,
+        reject_content=curation.reject,
+        content_thresholds=ContentThresholds.of(curation),
+        clip_target_s=settings.clip_target_s,
+        dark_luma=curation.dark_luma,
+        flat_std=curation.flat_std,
     )
 
 

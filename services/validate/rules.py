@@ -10,7 +10,20 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from schemas.events import EpisodeDecoded, Finding, ReasonCode, StreamInfo, Verdict
+from schemas.events import (
+    ContentClass,
+    EpisodeDecoded,
+    Finding,
+    ReasonCode,
+    StreamInfo,
+    Verdict,
+)
+from services.media.content import (
+    ContentThresholds,
+    EpisodeContent,
+    content_classes,
+    describe,
+)
 
 
 class RuleSet(BaseModel):
@@ -45,6 +58,14 @@ class RuleSet(BaseModel):
     # Curation signals ride on the keyframe decode (docs/curation.md); None: not computed.
     signal_sample_s: float | None = Field(default=1.0, gt=0, description="one frame per this")
     still_bits_per_pixel: float = Field(default=0.004, gt=0, description="a still inter frame")
+    # Opt-in reject mode (docs/curation.md): the content classes rejected (empty: flag only),
+    # the thresholds that decide them, and what judging the clips needs (the shard stage's
+    # clip length, the covered-lens frame rule).
+    reject_content: frozenset[ContentClass] = frozenset()
+    content_thresholds: ContentThresholds = ContentThresholds()
+    clip_target_s: float = Field(default=10.0, gt=0, description="the clips judged, seconds")
+    dark_luma: float = Field(default=24.0, ge=0, le=255, description="covered: darker than")
+    flat_std: float = Field(default=2.0, ge=0, description="covered: luma std below")
 
 
 @dataclass(frozen=True)
@@ -73,11 +94,14 @@ def evaluate(
     keyframes: KeyframeResult | None,
     rules: RuleSet,
     stream_keyframes: dict[tuple[str, int], KeyframeResult] | None = None,
+    content: EpisodeContent | None = None,
 ) -> tuple[Verdict, list[Finding], list[Finding]]:
     """Apply every rule; returns (verdict, reasons to reject, warnings).
 
     `keyframes` is the check of the primary stream; `stream_keyframes` that of every other video
     stream, keyed by (camera, stream index) (the main camera is `decoded.episode.camera`).
+    `content`: the episode's worst clip values (reject mode), each class of
+    `rules.reject_content` that they show rejects with its `content_<class>` code.
     """
     reasons: list[Finding] = []
     warnings: list[Finding] = []
@@ -126,6 +150,11 @@ def evaluate(
     if audio and not rules.keep_audio:
         warn(ReasonCode.AUDIO_DROPPED, f"{audio} audio stream(s) dropped (keep_audio is off)")
     _imu_rules(decoded, rules, reject, warnings)
+    if content is not None and rules.reject_content:
+        shown = content_classes(content, rules.content_thresholds)
+        for cls in ContentClass:  # declaration order: the reasons' order is stable
+            if cls in shown and cls in rules.reject_content:
+                reject(cls.reason_code, describe(cls, content, rules.content_thresholds))
     if reasons:
         return Verdict.REJECT, reasons, warnings
     return (Verdict.ACCEPT_WITH_WARNINGS if warnings else Verdict.ACCEPT), reasons, warnings

@@ -76,6 +76,7 @@ def up_env(tmp_path: Path) -> Iterator[dict[str, str]]:
     subprocess.run(
         [sys.executable, "-m", "services.cli", "down"], env=env, capture_output=True, check=False
     )
+    Stack(tmp_path / "stack").down()  # whatever a failed `down` left of the embedded stack
 
 
 def test_up_detach_shards_uploaded_episodes_restarts_a_crash_and_down_leaves_nothing(
@@ -105,10 +106,17 @@ def test_up_detach_shards_uploaded_episodes_restarts_a_crash_and_down_leaves_not
         return doc if doc.get("episodes", {}).get("sharded") == len(ids) else None
 
     doc = wait_for(all_sharded, 240, "every uploaded episode sharded")
-    assert doc["up"] is True
+    assert doc is not None and doc["up"] is True
     assert doc["episodes"]["rejected"] == 0 and doc["episodes"]["dead_lettered"] == 0
     assert all(s["state"] == "running" for s in doc["services"].values())
-    assert set(doc["lag"]) >= {"egoline-decode", "egoline-validate", "egoline-shard"}
+
+    # and: the lag service sees every stage's group caught up (commits trail the effects)
+    def caught_up() -> bool:
+        lag = egoline(up_env, "status", "--json")["lag"]
+        groups = {"egoline-decode", "egoline-validate", "egoline-shard", "egoline-metadata"}
+        return set(lag) >= groups and all(lag[g]["lag"] == 0 for g in groups)
+
+    wait_for(caught_up, 60, "every pipeline group at lag 0")
 
     # and: a service that dies is started again
     decode_pid = doc["services"]["decode"]["pid"]

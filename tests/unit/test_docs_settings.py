@@ -34,6 +34,11 @@ def matches(stated: str, default: object) -> bool:
         # Unset (or a credential): the docs say what happens instead ("embedded moto"); only a
         # stated number or boolean would be a claim about a value, and a wrong one.
         return re.fullmatch(r"[0-9.]+|true|false", stated) is None
+    if isinstance(default, frozenset):
+        # a set of names (`EGOLINE_CURATION_REJECT`): "empty", or the names comma-separated
+        if stated == "empty":
+            return not default
+        return {v.strip(" `") for v in stated.split(",")} == {str(v) for v in default}
     if isinstance(default, bool):
         return stated == str(default).lower()
     if isinstance(default, int | float):

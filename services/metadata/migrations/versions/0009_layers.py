@@ -1,7 +1,7 @@
 """layers: versioned calibration and label layers, and the layer versions a manifest pinned
 
-Revision ID: 0008
-Revises: 0007
+Revision ID: 0009
+Revises: 0008
 Create Date: 2026-12-04 22:40:00
 
 `layer_versions` (one row per kind and version: digest, author, source, ingest order),
@@ -15,8 +15,8 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
-revision = "0008"
-down_revision = "0007"
+revision = "0009"
+down_revision = "0008"
 branch_labels = None
 depends_on = None
 
