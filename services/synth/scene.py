@@ -59,13 +59,13 @@ def hand_held_gyro(t: NDArray[np.float64], seed: int) -> NDArray[np.float64]:
         start, end = float(t.min()) - 1.0, float(t.max()) + 1.0
         turns = rng.poisson(max(1.0, (end - start) / 0.8))
         for centre in rng.uniform(start, end, turns):
-            axis = rng.normal(0, 1, 3)
-            axis /= np.linalg.norm(axis) or 1.0
+            direction = rng.normal(0, 1, 3)
+            direction /= float(np.linalg.norm(direction)) or 1.0
             peak = rng.uniform(0.3, 1.5) * rng.choice([-1.0, 1.0])
             width = rng.uniform(0.1, 0.3)
             lo, hi = np.searchsorted(t, [centre - 4 * width, centre + 4 * width])
             burst = peak * np.exp(-0.5 * ((t[lo:hi] - centre) / width) ** 2)
-            gyro[lo:hi] += np.outer(burst, axis)
+            gyro[lo:hi] += np.outer(burst, direction)
     return gyro
 
 
