@@ -146,7 +146,7 @@ class CurationSettings(_Group):
         default=2, ge=1, description="IMU landmarks two episodes must share at one lag"
     )
     imu_dup_min_correlation: float = Field(
-        default=0.9, gt=0, le=1, description="gyro-magnitude correlation over the overlap"
+        default=0.95, gt=0, le=1, description="gyro-magnitude correlation over the overlap"
     )
     imu_dup_min_overlap_s: float = Field(
         default=5.0, gt=0, description="seconds the two IMU traces must overlap at least"

@@ -94,7 +94,7 @@ class ImuRule:
     """When two informative traces are the same recording (defaults: `CurationSettings`)."""
 
     min_votes: int = 2
-    min_correlation: float = 0.9
+    min_correlation: float = 0.95
     min_overlap_s: float = 5.0
     min_cover: float = 0.8
 

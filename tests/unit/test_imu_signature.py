@@ -4,6 +4,8 @@ hand-held trace is the same recording, an independent trace is not, and a restin
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -79,9 +81,10 @@ def test_a_trimmed_rebased_noisy_copy_of_a_trace_matches_its_original(
 
 
 def test_copies_are_found_and_independent_recordings_never_match() -> None:
-    """Over 40 recordings: every trimmed copy of an informative one matches its original, none
-    matches another recording, and unrelated recordings never pass the rule (their best
-    correlation at any landmark-voted lag stays far under the threshold)."""
+    """Over 40 recordings: every trimmed copy of an informative one matches its original and
+    nothing else, and two independent recordings (25 of them, pairwise) never correlate as a
+    copy does, at any lag over an overlap the rule would accept (measured: at most ~0.81;
+    copies >= ~0.98)."""
     traces = {seed: recording(seed) for seed in range(40)}
     sigs = {seed: signature(rows) for seed, rows in traces.items()}
     informative = [seed for seed, sig in sigs.items() if sig.informative]
@@ -93,12 +96,14 @@ def test_copies_are_found_and_independent_recordings_never_match() -> None:
         assert matches <= {seed}
         found += matches == {seed}
     assert found >= 0.9 * len(informative)
-    worst = max(
-        (m.correlation for a in sigs.values() for b in sigs.values() if a is not b
-         if (m := imu_match(a, b, LENIENT)) is not None),
-        default=0.0,
-    )  # fmt: skip
-    assert worst < RULE.min_correlation
+    worst = 0.0
+    for a, b in itertools.combinations(list(sigs.values())[:25], 2):
+        least = RULE.min_cover * min(len(a.values), len(b.values))
+        for shift in range(-len(a.values), len(b.values)):
+            r, steps = correlation_at(a, b, shift)
+            if steps >= max(least, RULE.min_overlap_s * DESCRIPTOR_HZ):
+                worst = max(worst, r)
+    assert 0.5 < worst < RULE.min_correlation
 
 
 @given(seed=st.integers(0, 10_000), duration_s=st.floats(6.0, 60.0))
