@@ -4,6 +4,7 @@ hand-held trace is the same recording, an independent trace is not, and a restin
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import numpy as np
@@ -25,6 +26,7 @@ from services.sensors.imu_signature import (
     find_peaks,
     imu_match,
     landmark_hash,
+    vote_lag,
 )
 from services.synth.realistic import imu_samples
 
@@ -96,6 +98,11 @@ def test_copies_are_found_and_independent_recordings_never_match() -> None:
         assert matches <= {seed}
         found += matches == {seed}
     assert found >= 0.9 * len(informative)
+    # A single shared landmark (a few pairs of the 40 have one) is only a candidate: the
+    # correlation check turns every one of them down.
+    one_vote = dataclasses.replace(RULE, min_votes=1)
+    voted = [(a, b) for a, b in itertools.permutations(sigs.values(), 2) if vote_lag(a, b)]
+    assert voted and all(imu_match(a, b, one_vote) is None for a, b in voted)
     worst = 0.0
     for a, b in itertools.combinations(list(sigs.values())[:25], 2):
         least = RULE.min_cover * min(len(a.values), len(b.values))
