@@ -27,7 +27,7 @@ from __future__ import annotations
 from typing import Any
 
 from sqlalchemy import BindParameter, Executable, TextClause, bindparam, delete, text
-from sqlalchemy.dialects.postgresql import ARRAY, DOUBLE_PRECISION, INTEGER, insert
+from sqlalchemy.dialects.postgresql import ARRAY, BIGINT, DOUBLE_PRECISION, insert
 
 from schemas.events import ImuSignature
 from services.metadata.warehouse import imu_duplicates, imu_landmarks, imu_signatures
@@ -80,7 +80,7 @@ def imu_signature_statements(
 _LANDMARKS_SQL = """
 INSERT INTO imu_landmarks (pipeline_version, hash, t_s, episode_id)
 SELECT :pipeline_version, l.hash, l.t_s, :episode_id
-FROM unnest(CAST(:hashes AS int[]), CAST(:times AS float8[])) AS l(hash, t_s)
+FROM unnest(CAST(:hashes AS bigint[]), CAST(:times AS float8[])) AS l(hash, t_s)
 """
 
 
@@ -96,7 +96,7 @@ def _landmark_params(
     return [
         bindparam("pipeline_version", value=pipeline_version),
         bindparam("episode_id", value=episode_id),
-        bindparam("hashes", value=list(signature.landmarks), type_=ARRAY(INTEGER)),
+        bindparam("hashes", value=list(signature.landmarks), type_=ARRAY(BIGINT)),
         bindparam("times", value=list(signature.landmark_t_s), type_=ARRAY(DOUBLE_PRECISION)),
     ]
 
@@ -106,7 +106,7 @@ def _landmark_params(
 CANDIDATES_SQL = """
 WITH q AS (
     SELECT h.hash, h.t_s
-    FROM unnest(CAST(:hashes AS int[]), CAST(:times AS float8[])) AS h(hash, t_s)
+    FROM unnest(CAST(:hashes AS bigint[]), CAST(:times AS float8[])) AS h(hash, t_s)
 ), hit AS (
     SELECT l.episode_id, l.t_s - q.t_s AS lag_s
     FROM q JOIN imu_landmarks l ON l.pipeline_version = :pipeline_version AND l.hash = q.hash

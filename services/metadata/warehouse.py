@@ -310,7 +310,7 @@ imu_landmarks = Table(
     "imu_landmarks",
     metadata,
     Column("pipeline_version", String(64), nullable=False),
-    Column("hash", Integer, nullable=False),
+    Column("hash", BigInteger, nullable=False),
     Column("t_s", Float, nullable=False),
     Column("episode_id", String(128), nullable=False),
     Index(

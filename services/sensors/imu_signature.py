@@ -14,18 +14,21 @@ its pHash drifts, or mostly uniform frames) and confirms the ones it finds. Desi
   nearly the same whatever the phase (a trimmed copy's grid is shifted by up to half a step).
 - **Uninformative**: a device at rest (on a table: gyro noise ~0.002 rad/s) has no peak of
   |w| with a prominence of `PEAK_PROMINENCE` (0.05 rad/s), so it has no landmarks; an episode
-  with fewer than `MIN_PEAKS` peaks is `informative=False` and matches nothing, exactly as
-  uniform frames carry no pHash.
+  with fewer than `MIN_PEAKS` peaks or `MIN_LANDMARKS` landmarks is `informative=False`
+  (stored without landmarks) and matches nothing, exactly as uniform frames carry no pHash.
 - **Landmarks** (the index keys; as audio fingerprints pair spectral peaks): each peak with
-  two of the next three, hashed from the two time gaps (0.25 s steps) and the three peak
-  heights (third-octave steps of |w|): 25 bits, nothing of the trace's start in them, so a
-  trimmed copy keeps every landmark after its cut. Each landmark carries its anchor's time.
+  two of the next three, hashed from the two time gaps (0.1 s steps) and the three peak
+  heights (eighth-of-an-octave steps of |w|): 35 bits, nothing of the trace's start in them,
+  so a trimmed copy keeps every landmark after its cut. Each landmark carries its anchor's
+  time. Fine steps make a landmark rare (an index probe reads few rows) at the price of some
+  landmarks a noisy copy loses; a copy keeps most of its tens, one is enough to be checked.
 - **Alignment**: landmarks two traces share vote for the lag between their clocks (their
   anchor time minus ours); the median lag of the votes, counted within `LAG_TOLERANCE_S`.
 - **The check**: Pearson correlation of the two descriptors over their overlap at that lag
   (and one grid step either side): a copy correlates ~1, unrelated motion far lower. The rule
-  (`ImuRule`): enough votes, correlation >= `min_correlation` over an overlap of at least
-  `min_overlap_s` that covers at least `min_cover` of the shorter trace.
+  (`ImuRule`): `min_votes` (1: a landmark is rare, so a shared one is already a good
+  candidate, and the check decides), correlation >= `min_correlation` over an overlap of at
+  least `min_overlap_s` that covers at least `min_cover` of the shorter trace.
 
 `services/metadata/imu_duplicates.py` runs the same alignment and check in SQL over the
 landmark index; these functions are its reference (tests compare them on crafted traces).
@@ -54,13 +57,15 @@ PEAK_HALF_WINDOW: Final = 3  # a peak is the maximum within +-0.3 s
 PROMINENCE_WINDOW: Final = 10  # ... and rises above the lowest point within 1 s either side
 PEAK_PROMINENCE: Final = 0.05  # ... by this much (rad/s): 25x a resting gyro's noise
 MIN_PEAKS: Final = 4  # fewer: uninformative (a resting or featureless trace)
+MIN_LANDMARKS: Final = 3  # fewer: too little to find a trimmed or noisy copy by
 FAN_OUT: Final = 3  # an anchor peak pairs with two of its next three peaks
 MAX_LANDMARK_SPAN_S: Final = 8.0  # ... all within this many seconds of it
-GAP_STEP_S: Final = 0.25  # time gaps quantised to this (seconds)
-GAP_LEVELS: Final = 32  # 5 bits: gaps up to 8 s
+GAP_STEP_S: Final = 0.1  # time gaps quantised to this (seconds)
+GAP_LEVELS: Final = 128  # 7 bits: gaps up to 12.8 s
 HEIGHT_FLOOR: Final = 0.02  # rad/s: the lowest height level
-HEIGHT_STEPS_PER_OCTAVE: Final = 3.0
-HEIGHT_LEVELS: Final = 32  # 5 bits: 0.02 rad/s x 2^(31/3), ~26 rad/s
+HEIGHT_STEPS_PER_OCTAVE: Final = 8.0
+HEIGHT_LEVELS: Final = 128  # 7 bits: 0.02 rad/s x 2^(127/8), ~1200 rad/s
+LEVEL_BITS: Final = 7
 LAG_TOLERANCE_S: Final = 0.3  # votes within this of the median lag count
 DECIMALS: Final = 4  # descriptor values rounded to 0.1 mrad/s in the event
 
@@ -81,7 +86,7 @@ class ImuDescriptor:
 
     @property
     def informative(self) -> bool:
-        return self.peaks >= MIN_PEAKS and len(self.landmarks) > 0
+        return self.peaks >= MIN_PEAKS and len(self.landmarks) >= MIN_LANDMARKS
 
     @property
     def span_s(self) -> float:
@@ -93,7 +98,7 @@ class ImuDescriptor:
 class ImuRule:
     """When two informative traces are the same recording (defaults: `CurationSettings`)."""
 
-    min_votes: int = 2
+    min_votes: int = 1
     min_correlation: float = 0.95
     min_overlap_s: float = 5.0
     min_cover: float = 0.8
@@ -135,7 +140,7 @@ def describe_gyro(t: NDArray[np.float64], gyro: NDArray[np.float64]) -> ImuDescr
     values = np.round(smooth[::step], DECIMALS)
     peak_t, peak_h = find_peaks(values)
     landmarks, anchors = landmark_hashes(peak_t, peak_h)
-    informative = len(peak_t) >= MIN_PEAKS and len(landmarks) > 0
+    informative = len(peak_t) >= MIN_PEAKS and len(landmarks) >= MIN_LANDMARKS
     return ImuDescriptor(
         rate_hz=DESCRIPTOR_HZ,
         start_s=round(start, 6),
@@ -200,7 +205,7 @@ def find_peaks(values: Sequence[float] | NDArray[np.float64]) -> tuple[list[floa
 
 
 def height_level(height: float) -> int:
-    """A peak height (rad/s) as a third-octave level, 0..HEIGHT_LEVELS-1."""
+    """A peak height (rad/s) as an eighth-of-an-octave level, 0..HEIGHT_LEVELS-1."""
     if height <= HEIGHT_FLOOR:
         return 0
     level = math.floor(math.log2(height / HEIGHT_FLOOR) * HEIGHT_STEPS_PER_OCTAVE)
@@ -213,10 +218,10 @@ def gap_level(gap_s: float) -> int:
 
 
 def landmark_hash(gap1_s: float, gap2_s: float, h0: float, h1: float, h2: float) -> int:
-    """25 bits: two gaps (5 bits each) and three height levels (5 bits each)."""
+    """35 bits: two gaps and three height levels, 7 bits each."""
     value = gap_level(gap1_s)
     for part in (gap_level(gap2_s), height_level(h0), height_level(h1), height_level(h2)):
-        value = (value << 5) | part
+        value = (value << LEVEL_BITS) | part
     return value
 
 
@@ -295,9 +300,18 @@ def imu_match(ours: ImuDescriptor, theirs: ImuDescriptor, rule: ImuRule) -> ImuM
     if not (ours.informative and theirs.informative) or ours.rate_hz != theirs.rate_hz:
         return None
     voted = vote_lag(ours, theirs)
-    if voted is None or voted[0] < rule.min_votes:
+    if voted is None:
         return None
-    votes, lag = voted
+    return confirm_match(ours, theirs, voted[0], voted[1], rule)
+
+
+def confirm_match(
+    ours: ImuDescriptor, theirs: ImuDescriptor, votes: int, lag: float, rule: ImuRule
+) -> ImuMatch | None:
+    """The check after the landmark vote (`votes` at the lag `lag`, their clock minus ours,
+    seconds): the correlation over the overlap there, one grid step either side."""
+    if votes < rule.min_votes or ours.rate_hz != theirs.rate_hz:
+        return None
     centre = grid_shift(ours, theirs, lag)
     best = max((correlation_at(ours, theirs, centre + d) for d in (-1, 0, 1)), key=lambda r: r[0])
     correlation, steps = best

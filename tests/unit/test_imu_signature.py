@@ -4,7 +4,6 @@ hand-held trace is the same recording, an independent trace is not, and a restin
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 
 import numpy as np
@@ -20,6 +19,7 @@ from services.sensors.imu_signature import (
     MIN_PEAKS,
     ImuDescriptor,
     ImuRule,
+    confirm_match,
     correlation_at,
     describe_gyro,
     describe_imu,
@@ -56,30 +56,46 @@ def signature(rows: NDArray[np.float64]) -> ImuDescriptor:
     return describe_imu(samples(rows), 0.0, float(rows[-1, 0]))
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     seed=st.integers(0, 10_000),
     trim_s=st.floats(2.0, 4.0),
-    noise=st.floats(0.0, 0.01),
     rate_hz=st.sampled_from([100.0, 200.0, 1000.0]),
 )
-def test_a_trimmed_rebased_noisy_copy_of_a_trace_matches_its_original(
-    seed: int, trim_s: float, noise: float, rate_hz: float
+def test_a_trimmed_rebased_copy_of_a_trace_matches_its_original(
+    seed: int, trim_s: float, rate_hz: float
 ) -> None:
-    """Given a hand-held trace, when it is trimmed by T s, rebased to the cut and given extra
-    sensor noise (up to the trace's own MEMS noise, 0.01 rad/s), then the copy matches with the
-    lag T (either way round), unless the trace is too featureless to say anything."""
+    """Given a hand-held trace, when it is trimmed by T s and rebased to the cut (what a
+    trimmed copy's sidecar holds: the same samples, another clock and grid phase), then the
+    copy matches with the lag T, either way round, unless too little is left to say anything."""
     original = recording(seed, rate_hz=rate_hz)
-    copy = trimmed(original, trim_s)
-    copy[:, 1:] += np.random.default_rng(seed).normal(0, noise, copy[:, 1:].shape)
-    ours, theirs = signature(copy), signature(original)
+    ours, theirs = signature(trimmed(original, trim_s)), signature(original)
     if not ours.informative:
         return  # too few peaks left after the cut: the signature abstains (counted below)
     match = imu_match(ours, theirs, RULE)
-    assert match is not None, (seed, trim_s, noise)
+    assert match is not None, (seed, trim_s)
     assert abs(match.lag_s - trim_s) < 0.2
     assert match.correlation >= 0.95
     assert imu_match(theirs, ours, RULE) is not None
+
+
+def test_noisy_trimmed_copies_match_nearly_always() -> None:
+    """Given 200 trimmed copies with extra sensor noise (up to the trace's own MEMS noise,
+    0.01 rad/s per axis): then at least 97 % of the informative ones match their original (a
+    landmark is exact, so noise that moves a peak across a quantisation step loses it; the
+    copy keeps most of its landmarks and needs one)."""
+    rng = np.random.default_rng(5)
+    found = informative = 0
+    for seed in range(200):
+        original = recording(seed, duration_s=14.0)
+        copy = trimmed(original, float(rng.uniform(2.0, 4.0)))
+        copy[:, 1:] += rng.normal(0, float(rng.uniform(0, 0.01)), copy[:, 1:].shape)
+        ours = signature(copy)
+        if ours.informative:
+            informative += 1
+            found += imu_match(ours, signature(original), RULE) is not None
+    assert informative >= 190
+    assert found >= 0.97 * informative, (found, informative)
 
 
 def test_copies_are_found_and_independent_recordings_never_match() -> None:
@@ -98,15 +114,15 @@ def test_copies_are_found_and_independent_recordings_never_match() -> None:
         assert matches <= {seed}
         found += matches == {seed}
     assert found >= 0.9 * len(informative)
-    # A single shared landmark (a few pairs of the 40 have one) is only a candidate: the
-    # correlation check turns every one of them down.
-    one_vote = dataclasses.replace(RULE, min_votes=1)
-    voted = [(a, b) for a, b in itertools.permutations(sigs.values(), 2) if vote_lag(a, b)]
-    assert voted and all(imu_match(a, b, one_vote) is None for a, b in voted)
+    assert not any(vote_lag(a, b) for a, b in itertools.permutations(sigs.values(), 2))
+    # No two share a landmark; and were they to, at any lag, the correlation check would turn
+    # the pair down: independent recordings never correlate as a copy does.
     worst = 0.0
     for a, b in itertools.combinations(list(sigs.values())[:25], 2):
         least = RULE.min_cover * min(len(a.values), len(b.values))
         for shift in range(-len(a.values), len(b.values)):
+            lag = shift / a.rate_hz + b.start_s - a.start_s
+            assert confirm_match(a, b, RULE.min_votes, lag, RULE) is None
             r, steps = correlation_at(a, b, shift)
             if steps >= max(least, RULE.min_overlap_s * DESCRIPTOR_HZ):
                 worst = max(worst, r)
@@ -155,7 +171,7 @@ def test_peaks_are_located_between_grid_steps() -> None:
 def test_landmark_hashes_carry_no_absolute_time() -> None:
     assert landmark_hash(1.0, 0.5, 0.4, 0.8, 0.3) == landmark_hash(1.0, 0.5, 0.4, 0.8, 0.3)
     assert landmark_hash(1.0, 0.5, 0.4, 0.8, 0.3) != landmark_hash(1.5, 0.5, 0.4, 0.8, 0.3)
-    assert landmark_hash(7.9, 7.9, 30, 30, 30) < 1 << 25
+    assert landmark_hash(7.9, 7.9, 30, 30, 30) < 1 << 35
 
 
 def test_correlation_is_over_the_overlap_at_the_shift() -> None:

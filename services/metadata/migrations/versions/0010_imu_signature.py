@@ -42,7 +42,7 @@ def upgrade() -> None:
     op.create_table(
         "imu_landmarks",
         sa.Column("pipeline_version", sa.String(64), nullable=False),
-        sa.Column("hash", sa.Integer(), nullable=False),
+        sa.Column("hash", sa.BigInteger(), nullable=False),
         sa.Column("t_s", sa.Float(), nullable=False),
         sa.Column("episode_id", sa.String(128), nullable=False),
     )
