@@ -1,13 +1,12 @@
 """The IMU near-duplicate lookup at corpus scale (the IMU half of the near-duplicate part of
 `egoline bench curate`: the warehouse's landmark index, services/metadata/imu_duplicates.py).
 
-1. `seed_imu_signatures`: N episodes of L landmarks each, straight into `imu_landmarks` of a
-   migrated database by one `generate_series` statement per slice. Landmark hashes are not
-   uniform (walking and head turns repeat: some gap/height triplets are far commoner than
-   others), so each is drawn (md5 of episode and landmark number) from a pool of the landmarks
-   of `pool` real synthetic hand-held recordings (`scene.hand_held_gyro`), keeping their
-   skew; anchor times 0.75 s apart. Each episode gets one of those recordings' descriptors in
-   `imu_signatures` (the check reads a candidate's). Indexes after the rows, VACUUM ANALYZE.
+1. `seed_imu_signatures`: N recordings of `RECORDING_S` (30 s) of synthetic hand-held motion
+   (`scene.hand_held_gyro`: sway and head turns, each seed its own; MEMS noise), their real
+   signatures (~47 landmarks each) COPYed into `imu_landmarks` and `imu_signatures` of a
+   migrated database, the tables unlogged and the lookup index built after the rows, then
+   VACUUM ANALYZE. Real landmarks, not uniform random hashes: the motion model's peak heights
+   and gaps are far from uniform, so some landmarks are commoner than others.
 2. `time_imu_lookups`: the metadata service's own candidate query (`candidates_sql`: index
    lookup and lag vote) and the correlation check on the candidates' descriptors, for fresh
    signatures: trimmed copies of planted recordings (stored with their real landmarks) and
@@ -35,23 +34,6 @@ from services.synth.scene import hand_held_gyro
 PIPELINE_VERSION = "bench"
 RECORDING_S = 30.0
 
-_SEED_LANDMARKS_SQL = """
-INSERT INTO imu_landmarks (pipeline_version, hash, t_s, episode_id)
-SELECT 'bench',
-       (%(pool)s::int[])[1 + (('x' || substr(md5(e::text || ':' || k::text), 1, 8))::bit(32)::int
-                              & 2147483647) %% cardinality(%(pool)s::int[])],
-       k * 0.75, 'imu' || lpad(e::text, 8, '0')
-FROM generate_series(%(first)s::bigint, %(last)s::bigint) AS e,
-     generate_series(0, %(landmarks)s::integer - 1) AS k
-"""
-_SEED_SIGNATURES_SQL = """
-INSERT INTO imu_signatures (episode_id, pipeline_version, signature_version, rate_hz, start_s,
-                            span_s, peaks, landmarks, gyro)
-SELECT 'imu' || lpad(e::text, 8, '0'), 'bench', 1, 10.0, g.start_s, g.span_s, g.peaks,
-       %(landmarks)s, g.gyro
-FROM generate_series(%(first)s::bigint, %(last)s::bigint) AS e
-JOIN bench_gyros g ON g.i = e %% %(count)s
-"""
 _DESCRIPTORS_SQL = """
 SELECT episode_id, start_s, gyro FROM imu_signatures
 WHERE pipeline_version = 'bench' AND episode_id = ANY(:ids)
@@ -70,23 +52,21 @@ def recording(seed: int, duration_s: float = RECORDING_S, trim_s: float = 0.0) -
 @dataclass(frozen=True)
 class SeededImu:
     episodes: int
-    landmarks_per_episode: int
+    recording_s: float
     landmark_rows: int
-    pool_landmarks: int
-    pool_distinct: int
+    distinct_landmarks: int
+    describe_s: float
     seed_s: float
     index_s: float
     table_mb: float
 
 
-def seed_imu_signatures(
-    database_url: str, episodes: int, landmarks: int = 40, pool: int = 4000
-) -> SeededImu:
-    """Seed `episodes` x `landmarks` landmark rows and one descriptor per episode into a
-    migrated, empty database (libpq URL), in slices of 100k episodes."""
-    started = time.perf_counter()
-    recordings = [recording(10_000 + i) for i in range(pool)]
-    hashes = [h for r in recordings for h in r.landmarks]
+def seed_imu_signatures(database_url: str, episodes: int, chunk: int = 5_000) -> SeededImu:
+    """Describe `episodes` synthetic recordings and COPY their signatures and landmarks into a
+    migrated, empty database (libpq URL), `chunk` recordings at a time."""
+    describe_s = copy_s = 0.0
+    rows = 0
+    distinct: set[int] = set()
     with psycopg.connect(database_url, autocommit=True) as conn:
         # A throwaway database: no episodes rows behind the signatures.
         conn.execute(
@@ -94,28 +74,36 @@ def seed_imu_signatures(
         )
         conn.execute("ALTER TABLE imu_landmarks SET UNLOGGED")
         conn.execute("ALTER TABLE imu_signatures SET UNLOGGED")
-        conn.execute(
-            "CREATE UNLOGGED TABLE bench_gyros (i int PRIMARY KEY, start_s float8, span_s float8,"
-            " peaks int, gyro real[])"
-        )
-        with conn.cursor() as cur:
-            cur.executemany(
-                "INSERT INTO bench_gyros VALUES (%s, %s, %s, %s, %s)",
-                [
-                    (i, r.start_s, r.span_s, r.peaks, list(r.values))
-                    for i, r in enumerate(recordings)
-                ],
-            )
         conn.execute("DROP INDEX IF EXISTS ix_imu_landmarks_lookup")
         conn.execute("DROP INDEX IF EXISTS ix_imu_landmarks_episode")
         conn.execute("SET synchronous_commit = off")
-        step = 100_000
-        for first in range(1, episodes + 1, step):
-            last = min(first + step - 1, episodes)
-            params = {"first": first, "last": last, "landmarks": landmarks}
-            conn.execute(_SEED_LANDMARKS_SQL, {**params, "pool": hashes})
-            conn.execute(_SEED_SIGNATURES_SQL, {**params, "count": len(recordings)})
-        seeded = time.perf_counter()
+        for first in range(0, episodes, chunk):
+            started = time.perf_counter()
+            batch = [
+                (f"imu{e:08d}", recording(e)) for e in range(first, min(episodes, first + chunk))
+            ]
+            described = time.perf_counter()
+            with conn.cursor() as cur:
+                with cur.copy(
+                    "COPY imu_landmarks (pipeline_version, hash, t_s, episode_id) FROM STDIN"
+                ) as copy:
+                    for episode_id, d in batch:
+                        for h, t in zip(d.landmarks, d.landmark_t_s, strict=True):
+                            copy.write_row((PIPELINE_VERSION, h, t, episode_id))
+                        rows += len(d.landmarks)
+                        distinct.update(d.landmarks)
+                with cur.copy(
+                    "COPY imu_signatures (episode_id, pipeline_version, signature_version, "
+                    "rate_hz, start_s, span_s, peaks, landmarks, gyro) FROM STDIN"
+                ) as copy:
+                    for episode_id, d in batch:
+                        copy.write_row(
+                            (episode_id, PIPELINE_VERSION, 1, d.rate_hz, d.start_s, d.span_s,
+                             d.peaks, len(d.landmarks), list(d.values))
+                        )  # fmt: skip
+            describe_s += described - started
+            copy_s += time.perf_counter() - described
+        indexing = time.perf_counter()
         conn.execute("SET maintenance_work_mem = '512MB'")
         conn.execute(
             "CREATE INDEX ix_imu_landmarks_lookup ON imu_landmarks "
@@ -130,15 +118,14 @@ def seed_imu_signatures(
             "SELECT pg_total_relation_size('imu_landmarks')"
             " + pg_total_relation_size('imu_signatures')"
         ).fetchone()
-    done = time.perf_counter()
     return SeededImu(
         episodes=episodes,
-        landmarks_per_episode=landmarks,
-        landmark_rows=episodes * landmarks,
-        pool_landmarks=len(hashes),
-        pool_distinct=len(set(hashes)),
-        seed_s=round(seeded - started, 2),
-        index_s=round(done - seeded, 2),
+        recording_s=RECORDING_S,
+        landmark_rows=rows,
+        distinct_landmarks=len(distinct),
+        describe_s=round(describe_s, 2),
+        seed_s=round(copy_s, 2),
+        index_s=round(time.perf_counter() - indexing, 2),
         table_mb=round((size[0] if size else 0) / 2**20, 1),
     )
 
@@ -154,7 +141,7 @@ def _plant(database_url: str, planted: dict[str, ImuDescriptor]) -> None:
             )  # fmt: skip
             conn.execute(
                 "INSERT INTO imu_landmarks SELECT 'bench', h, t, %s "
-                "FROM unnest(%s::int[], %s::float8[]) AS l(h, t)",
+                "FROM unnest(%s::bigint[], %s::float8[]) AS l(h, t)",
                 (episode_id, list(d.landmarks), list(d.landmark_t_s)),
             )
         conn.execute("ANALYZE imu_landmarks")
@@ -179,7 +166,7 @@ def time_imu_lookups(
     """Time `lookups` IMU lookups (index candidates with their lag vote, then the correlation
     check on the candidates' descriptors); half are trimmed copies of planted recordings."""
     rule = rule or ImuRule()
-    planted_seeds = list(range(50_000, 50_000 + lookups // 2))
+    planted_seeds = list(range(5_000_000, 5_000_000 + lookups // 2))
     planted = {f"planted{s}": recording(s) for s in planted_seeds}
     _plant(database_url, planted)
     queries: list[tuple[str | None, ImuSignature]] = [
@@ -188,7 +175,7 @@ def time_imu_lookups(
     ]
     queries += [
         (None, signature_model(recording(s)))
-        for s in range(60_000, 60_000 + lookups - len(queries))
+        for s in range(6_000_000, 6_000_000 + lookups - len(queries))
     ]
     engine = create_engine(database_url.replace("postgresql://", "postgresql+psycopg://", 1))
     latencies: list[float] = []
@@ -239,7 +226,7 @@ def time_imu_lookups(
 
 
 def imu_dup_lookup_bench(
-    settings: Settings, episodes: int = 100_000, landmarks: int = 40, lookups: int = 200
+    settings: Settings, episodes: int = 100_000, lookups: int = 200
 ) -> dict[str, object]:
     """Seed, time the lookups, drop: the figures as one JSON-ready dict."""
     rule = ImuRule(
@@ -249,6 +236,6 @@ def imu_dup_lookup_bench(
         min_cover=settings.curation.imu_dup_min_cover,
     )
     with bench_database(settings) as url:
-        seeded = seed_imu_signatures(url, episodes, landmarks)
+        seeded = seed_imu_signatures(url, episodes)
         timed = time_imu_lookups(url, lookups, rule)
     return {"imu_dup_lookup": {**asdict(seeded), **asdict(timed)}}
