@@ -140,7 +140,7 @@ def test_the_imu_finds_a_copy_the_pictures_miss_and_resting_devices_are_not_copi
             "WHERE episode_id = ANY(%s) AND duplicate_of IS NOT NULL",
             (every,),
         ).fetchall()
-        signatures = dict(
+        signatures: dict[str, int] = dict(
             conn.execute(
                 "SELECT episode_id, landmarks FROM imu_signatures WHERE episode_id = ANY(%s)",
                 (every,),
