@@ -7,10 +7,11 @@
    migrated database, the tables unlogged and the lookup index built after the rows, then
    VACUUM ANALYZE. Real landmarks, not uniform random hashes: the motion model's peak heights
    and gaps are far from uniform, so some landmarks are commoner than others.
-2. `time_imu_lookups`: the metadata service's own candidate query (`candidates_sql`: index
-   lookup and lag vote) and the correlation check on the candidates' descriptors, for fresh
-   signatures: trimmed copies of planted recordings (stored with their real landmarks) and
-   new recordings; p50/p99 latency, planted found, new ones matched.
+2. `time_imu_lookups`: the metadata service's own statements for an episode's IMU signature
+   (store it and its landmarks, find its pairs: index lookup, lag vote and the correlation in
+   SQL; `imu_signature_statements`), one transaction per episode rolled back after, for
+   trimmed copies of planted recordings and new recordings; p50/p99 latency, planted found,
+   new ones matched, and the index lookup alone (`candidates_sql`).
 """
 
 from __future__ import annotations
@@ -18,25 +19,36 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import asdict, dataclass
+from datetime import UTC, datetime, timedelta
 
 import numpy as np
 import psycopg
-from sqlalchemy import create_engine, text
+from sqlalchemy import Connection, create_engine, text
 
 from schemas.events import ImuSignature
 from services.bench.near_dup import bench_database
 from services.common.settings import Settings
 from services.decode.core import signature_model
-from services.metadata.imu_duplicates import candidates_sql
-from services.sensors.imu_signature import ImuDescriptor, ImuRule, confirm_match, describe_gyro
+from services.metadata.imu_duplicates import candidates_sql, imu_signature_statements
+from services.sensors.imu_signature import ImuDescriptor, ImuRule, describe_gyro
 from services.synth.scene import hand_held_gyro
 
 PIPELINE_VERSION = "bench"
 RECORDING_S = 30.0
 
-_DESCRIPTORS_SQL = """
-SELECT episode_id, start_s, gyro FROM imu_signatures
-WHERE pipeline_version = 'bench' AND episode_id = ANY(:ids)
+_SEED_EPISODES_SQL = """
+INSERT INTO episodes (episode_id, device_id, session_id, started_at, split, status, status_rank)
+SELECT 'imu' || lpad(e::text, 8, '0'), 'bench-device', 'bench', '2026-01-01'::timestamptz
+       + e * interval '1 minute', 'train', 'validated', 3
+FROM generate_series(0, %(episodes)s::bigint - 1) AS e
+"""
+_EPISODE_SQL = """
+INSERT INTO episodes (episode_id, device_id, session_id, started_at, split, status, status_rank)
+VALUES (:episode_id, 'bench-device', 'bench', :started_at, 'train', 'validated', 3)
+"""
+_PAIRS_SQL = """
+SELECT episode_id, duplicate_of FROM imu_duplicates
+WHERE pipeline_version = 'bench' AND (episode_id = :episode_id OR duplicate_of = :episode_id)
 """
 
 
@@ -68,10 +80,9 @@ def seed_imu_signatures(database_url: str, episodes: int, chunk: int = 5_000) ->
     rows = 0
     distinct: set[int] = set()
     with psycopg.connect(database_url, autocommit=True) as conn:
-        # A throwaway database: no episodes rows behind the signatures.
-        conn.execute(
-            "ALTER TABLE imu_signatures DROP CONSTRAINT IF EXISTS imu_signatures_episode_id_fkey"
-        )
+        # The episodes the signatures belong to (the pair search reads their start times).
+        conn.execute("INSERT INTO devices (device_id) VALUES ('bench-device')")
+        conn.execute(_SEED_EPISODES_SQL, {"episodes": episodes})
         conn.execute("ALTER TABLE imu_landmarks SET UNLOGGED")
         conn.execute("ALTER TABLE imu_signatures SET UNLOGGED")
         conn.execute("DROP INDEX IF EXISTS ix_imu_landmarks_lookup")
@@ -130,23 +141,6 @@ def seed_imu_signatures(database_url: str, episodes: int, chunk: int = 5_000) ->
     )
 
 
-def _plant(database_url: str, planted: dict[str, ImuDescriptor]) -> None:
-    """Store the planted recordings as the metadata service would (real landmarks)."""
-    with psycopg.connect(database_url, autocommit=True) as conn:
-        for episode_id, d in planted.items():
-            conn.execute(
-                "INSERT INTO imu_signatures VALUES (%s, 'bench', 1, %s, %s, %s, %s, %s, %s)",
-                (episode_id, d.rate_hz, d.start_s, d.span_s, d.peaks, len(d.landmarks),
-                 list(d.values)),
-            )  # fmt: skip
-            conn.execute(
-                "INSERT INTO imu_landmarks SELECT 'bench', h, t, %s "
-                "FROM unnest(%s::bigint[], %s::float8[]) AS l(h, t)",
-                (episode_id, list(d.landmarks), list(d.landmark_t_s)),
-            )
-        conn.execute("ANALYZE imu_landmarks")
-
-
 @dataclass(frozen=True)
 class ImuLookups:
     lookups: int
@@ -160,15 +154,26 @@ class ImuLookups:
     mean_query_landmarks: float
 
 
+def _store(
+    conn: Connection, episode_id: str, started_at: datetime, sig: ImuSignature, rule: ImuRule
+) -> None:
+    """What the metadata service runs for one validated episode's IMU signature."""
+    conn.execute(text(_EPISODE_SQL), {"episode_id": episode_id, "started_at": started_at})
+    for statement in imu_signature_statements(episode_id, PIPELINE_VERSION, sig, rule):
+        conn.execute(statement)
+
+
 def time_imu_lookups(
     database_url: str, lookups: int = 200, rule: ImuRule | None = None
 ) -> ImuLookups:
-    """Time `lookups` IMU lookups (index candidates with their lag vote, then the correlation
-    check on the candidates' descriptors); half are trimmed copies of planted recordings."""
+    """Time `lookups` episodes going through the metadata service's own IMU statements (store
+    the signature and landmarks, find the pairs: index lookup, lag vote, correlation in SQL),
+    each in a transaction rolled back afterwards; half are trimmed copies of planted
+    recordings (stored first the same way). The index lookup alone is timed too."""
     rule = rule or ImuRule()
     planted_seeds = list(range(5_000_000, 5_000_000 + lookups // 2))
-    planted = {f"planted{s}": recording(s) for s in planted_seeds}
-    _plant(database_url, planted)
+    late = datetime(2030, 1, 1, tzinfo=UTC)
+    engine = create_engine(database_url.replace("postgresql://", "postgresql+psycopg://", 1))
     queries: list[tuple[str | None, ImuSignature]] = [
         (f"planted{s}", signature_model(recording(s, trim_s=2.0 + (s % 9) * 0.37)))
         for s in planted_seeds
@@ -177,37 +182,34 @@ def time_imu_lookups(
         (None, signature_model(recording(s)))
         for s in range(6_000_000, 6_000_000 + lookups - len(queries))
     ]
-    engine = create_engine(database_url.replace("postgresql://", "postgresql+psycopg://", 1))
     latencies: list[float] = []
     index_ms: list[float] = []
     candidates: list[int] = []
     found = false_matches = 0
     try:
+        with engine.begin() as conn:
+            for s in planted_seeds:
+                _store(conn, f"planted{s}", late, signature_model(recording(s)), rule)
         with engine.connect() as conn:
-            for planted_id, sig in queries:
-                ours = ImuDescriptor(
-                    sig.rate_hz, sig.start_s, tuple(sig.values), sig.peaks,
-                    tuple(sig.landmarks), tuple(sig.landmark_t_s),
-                )  # fmt: skip
+            conn.exec_driver_sql("ANALYZE imu_landmarks")
+            conn.commit()
+            for i, (planted_id, sig) in enumerate(queries):
+                query_id = f"query{i:05d}"
                 started = time.perf_counter()
                 voted = conn.execute(
-                    candidates_sql("query", PIPELINE_VERSION, sig, rule.min_votes)
+                    candidates_sql(query_id, PIPELINE_VERSION, sig, rule.min_votes)
                 ).fetchall()
-                looked_up = time.perf_counter()
-                votes = {str(e): (float(lag), int(n)) for e, lag, n in voted}
-                rows = conn.execute(text(_DESCRIPTORS_SQL), {"ids": sorted(votes)}).fetchall()
-                matches = set()
-                for episode_id, start_s, gyro in rows:
-                    theirs = ImuDescriptor(10.0, float(start_s), tuple(gyro), 0, (), ())
-                    lag, n = votes[str(episode_id)]
-                    if confirm_match(ours, theirs, n, lag, rule) is not None:
-                        matches.add(str(episode_id))
+                index_ms.append((time.perf_counter() - started) * 1000)
+                started = time.perf_counter()
+                _store(conn, query_id, late + timedelta(minutes=1 + i), sig, rule)
                 latencies.append((time.perf_counter() - started) * 1000)
-                index_ms.append((looked_up - started) * 1000)
-                candidates.append(len(votes))
+                pairs = conn.execute(text(_PAIRS_SQL), {"episode_id": query_id}).fetchall()
+                conn.rollback()
+                matches = {str(b) for _, b in pairs}
+                candidates.append(len(voted))
                 if planted_id is not None and planted_id in matches:
                     found += 1
-                if (planted_id is None and matches) or (matches - {planted_id}):
+                if matches - {planted_id}:
                     false_matches += 1
     finally:
         engine.dispose()

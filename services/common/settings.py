@@ -143,7 +143,7 @@ class CurationSettings(_Group):
         default=0.5, gt=0, le=1, description="share of the shorter episode's frames that match"
     )
     imu_dup_min_votes: int = Field(
-        default=1, ge=1, description="IMU landmarks two episodes must share at one lag"
+        default=2, ge=1, description="IMU landmarks two episodes must share at one lag"
     )
     imu_dup_min_correlation: float = Field(
         default=0.95, gt=0, le=1, description="gyro-magnitude correlation over the overlap"

@@ -8,7 +8,8 @@ savepoint for the episode's `episodes.validated` (the signature rides in its `de
 1. **Candidates**: every stored landmark with one of our hashes (`imu_landmarks`, a btree on
    (pipeline version, hash) carrying the anchor time and episode: an index-only lookup per
    hash), each a vote for a lag (their anchor time minus ours); per episode, the median lag,
-   and the votes within `LAG_TOLERANCE_S` of it (at least `min_votes`).
+   and the votes within `LAG_TOLERANCE_S` of it (at least `min_votes`, or one when either
+   signature has fewer than `FEW_LANDMARKS` landmarks: `votes_needed`).
 2. **The check**: Pearson correlation (`corr`) of the two stored descriptors over their overlap
    at that lag, one grid step either side, the best of the three.
 3. **The rule**: correlation >= `min_correlation` over an overlap of at least `min_overlap_s`
@@ -31,7 +32,7 @@ from sqlalchemy.dialects.postgresql import ARRAY, BIGINT, DOUBLE_PRECISION, inse
 
 from schemas.events import ImuSignature
 from services.metadata.warehouse import imu_duplicates, imu_landmarks, imu_signatures
-from services.sensors.imu_signature import LAG_TOLERANCE_S, ImuRule
+from services.sensors.imu_signature import FEW_LANDMARKS, LAG_TOLERANCE_S, ImuRule
 
 
 def imu_signature_statements(
@@ -101,8 +102,9 @@ def _landmark_params(
     ]
 
 
-# The index lookup alone (the bench times it): episodes sharing at least `min_votes` landmark
-# hashes with ours at one lag (their anchor time minus ours, seconds).
+# The index lookup alone (the bench times it too): episodes sharing at least one landmark
+# hash with ours, the median lag (their anchor time minus ours, seconds) and the votes within
+# the tolerance of it, with their landmark count (the votes needed depend on it).
 CANDIDATES_SQL = """
 WITH q AS (
     SELECT h.hash, h.t_s
@@ -113,13 +115,16 @@ WITH q AS (
     WHERE l.episode_id <> :episode_id
 ), centre AS (
     SELECT episode_id, percentile_cont(0.5) WITHIN GROUP (ORDER BY lag_s) AS lag_s
-    FROM hit GROUP BY episode_id HAVING count(*) >= :min_votes
+    FROM hit GROUP BY episode_id
 )
-SELECT c.episode_id, c.lag_s, count(*) AS votes
+SELECT c.episode_id, c.lag_s, count(*) AS votes, s.landmarks
 FROM centre c JOIN hit h ON h.episode_id = c.episode_id
      AND abs(h.lag_s - c.lag_s) <= :lag_tolerance
-GROUP BY c.episode_id, c.lag_s
-HAVING count(*) >= :min_votes
+JOIN imu_signatures s ON s.episode_id = c.episode_id
+     AND s.pipeline_version = :pipeline_version
+GROUP BY c.episode_id, c.lag_s, s.landmarks
+HAVING count(*) >= CASE WHEN least(s.landmarks, cardinality(CAST(:hashes AS bigint[])))
+                             < :few_landmarks THEN 1 ELSE :min_votes END
 """
 
 _FIND_TEMPLATE = """
@@ -178,10 +183,11 @@ _FIND_SQL = _FIND_TEMPLATE.format(candidates=CANDIDATES_SQL)
 def candidates_sql(
     episode_id: str, pipeline_version: str, signature: ImuSignature, min_votes: int
 ) -> TextClause:
-    """Episodes sharing `min_votes` landmarks with the signature at one lag (the lookup alone)."""
+    """Episodes sharing enough landmarks with the signature at one lag (the lookup alone)."""
     return text(CANDIDATES_SQL).bindparams(
         *_landmark_params(episode_id, pipeline_version, signature),
         bindparam("min_votes", value=min_votes),
+        bindparam("few_landmarks", value=FEW_LANDMARKS),
         bindparam("lag_tolerance", value=LAG_TOLERANCE_S),
     )
 
@@ -193,6 +199,7 @@ def find_imu_duplicates_sql(
     return text(_FIND_SQL).bindparams(
         *_landmark_params(episode_id, pipeline_version, signature),
         bindparam("min_votes", value=rule.min_votes),
+        bindparam("few_landmarks", value=FEW_LANDMARKS),
         bindparam("lag_tolerance", value=LAG_TOLERANCE_S),
         bindparam("min_correlation", value=rule.min_correlation),
         bindparam("min_overlap_s", value=rule.min_overlap_s),

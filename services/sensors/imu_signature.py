@@ -26,9 +26,11 @@ its pHash drifts, or mostly uniform frames) and confirms the ones it finds. Desi
   anchor time minus ours); the median lag of the votes, counted within `LAG_TOLERANCE_S`.
 - **The check**: Pearson correlation of the two descriptors over their overlap at that lag
   (and one grid step either side): a copy correlates ~1, unrelated motion far lower. The rule
-  (`ImuRule`): `min_votes` (1: a landmark is rare, so a shared one is already a good
-  candidate, and the check decides), correlation >= `min_correlation` over an overlap of at
-  least `min_overlap_s` that covers at least `min_cover` of the shorter trace.
+  (`ImuRule`): `min_votes` (2) landmarks at the lag, or one when either trace has fewer than
+  `FEW_LANDMARKS` (8: a short or sparse copy may keep only one), then correlation >=
+  `min_correlation` over an overlap of at least `min_overlap_s` that covers at least
+  `min_cover` of the shorter trace. Two votes keep chance candidates (a landmark shared by
+  accident) few as the corpus grows: each costs a correlation.
 
 `services/metadata/imu_duplicates.py` runs the same alignment and check in SQL over the
 landmark index; these functions are its reference (tests compare them on crafted traces).
@@ -58,6 +60,7 @@ PROMINENCE_WINDOW: Final = 10  # ... and rises above the lowest point within 1 s
 PEAK_PROMINENCE: Final = 0.05  # ... by this much (rad/s): 25x a resting gyro's noise
 MIN_PEAKS: Final = 4  # fewer: uninformative (a resting or featureless trace)
 MIN_LANDMARKS: Final = 3  # fewer: too little to find a trimmed or noisy copy by
+FEW_LANDMARKS: Final = 8  # a pair where either has fewer needs one vote, not `min_votes`
 FAN_OUT: Final = 3  # an anchor peak pairs with two of its next three peaks
 MAX_LANDMARK_SPAN_S: Final = 8.0  # ... all within this many seconds of it
 GAP_STEP_S: Final = 0.1  # time gaps quantised to this (seconds)
@@ -98,7 +101,7 @@ class ImuDescriptor:
 class ImuRule:
     """When two informative traces are the same recording (defaults: `CurationSettings`)."""
 
-    min_votes: int = 1
+    min_votes: int = 2
     min_correlation: float = 0.95
     min_overlap_s: float = 5.0
     min_cover: float = 0.8
@@ -305,12 +308,18 @@ def imu_match(ours: ImuDescriptor, theirs: ImuDescriptor, rule: ImuRule) -> ImuM
     return confirm_match(ours, theirs, voted[0], voted[1], rule)
 
 
+def votes_needed(ours_landmarks: int, theirs_landmarks: int, rule: ImuRule) -> int:
+    """`rule.min_votes`, or 1 when either trace has fewer than `FEW_LANDMARKS` landmarks."""
+    return 1 if min(ours_landmarks, theirs_landmarks) < FEW_LANDMARKS else rule.min_votes
+
+
 def confirm_match(
     ours: ImuDescriptor, theirs: ImuDescriptor, votes: int, lag: float, rule: ImuRule
 ) -> ImuMatch | None:
     """The check after the landmark vote (`votes` at the lag `lag`, their clock minus ours,
     seconds): the correlation over the overlap there, one grid step either side."""
-    if votes < rule.min_votes or ours.rate_hz != theirs.rate_hz:
+    needed_votes = votes_needed(len(ours.landmarks), len(theirs.landmarks), rule)
+    if votes < needed_votes or ours.rate_hz != theirs.rate_hz:
         return None
     centre = grid_shift(ours, theirs, lag)
     best = max((correlation_at(ours, theirs, centre + d) for d in (-1, 0, 1)), key=lambda r: r[0])
