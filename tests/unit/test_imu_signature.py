@@ -60,30 +60,50 @@ def signature(rows: NDArray[np.float64]) -> ImuDescriptor:
 @given(
     seed=st.integers(0, 10_000),
     trim_s=st.floats(2.0, 4.0),
+    noise=st.floats(0.0, 0.01),
     rate_hz=st.sampled_from([100.0, 200.0, 1000.0]),
 )
-def test_a_trimmed_rebased_copy_of_a_trace_matches_its_original(
-    seed: int, trim_s: float, rate_hz: float
+def test_a_trimmed_rebased_copy_matches_both_ways_at_its_cut_or_not_at_all(
+    seed: int, trim_s: float, noise: float, rate_hz: float
 ) -> None:
-    """Given a hand-held trace, when it is trimmed by T s and rebased to the cut (what a
-    trimmed copy's sidecar holds: the same samples, another clock and grid phase), then the
-    copy matches with the lag T, either way round, unless too little is left to say anything."""
+    """Given a hand-held trace, when it is trimmed by T s, rebased to the cut (a trimmed copy's
+    sidecar: the same samples, another clock and grid phase) and maybe given extra noise, then
+    the rule says the same both ways round (the metadata service finds the pair whichever
+    episode comes second), and a match is at the lag T with a copy's correlation. How often
+    copies match is the next test's: a landmark is an exact hash, and a new grid phase can
+    move a peak across a quantisation step (found: seed 511, one of 13 landmarks kept)."""
     original = recording(seed, rate_hz=rate_hz)
-    ours, theirs = signature(trimmed(original, trim_s)), signature(original)
-    if not ours.informative:
-        return  # too few peaks left after the cut: the signature abstains (counted below)
-    match = imu_match(ours, theirs, RULE)
-    assert match is not None, (seed, trim_s)
-    assert abs(match.lag_s - trim_s) < 0.2
-    assert match.correlation >= 0.95
-    assert imu_match(theirs, ours, RULE) is not None
+    copy = trimmed(original, trim_s)
+    copy[:, 1:] += np.random.default_rng(seed).normal(0, noise, copy[:, 1:].shape)
+    ours, theirs = signature(copy), signature(original)
+    match, back = imu_match(ours, theirs, RULE), imu_match(theirs, ours, RULE)
+    assert (match is None) == (back is None)
+    if match is not None and back is not None:
+        assert abs(match.lag_s - trim_s) < 0.2 and abs(back.lag_s + match.lag_s) < 1e-6
+        assert match.correlation >= 0.95 and match.votes == back.votes
+
+
+def test_trimmed_copies_match_their_original() -> None:
+    """Given 300 copies trimmed by 2-4 s and rebased, at 100 Hz to 1 kHz: then at least 99 %
+    of the informative ones match their original (measured: 293 of 293)."""
+    rng = np.random.default_rng(11)
+    found = informative = 0
+    for seed in range(300):
+        original = recording(seed, rate_hz=float(rng.choice([100.0, 200.0, 1000.0])))
+        ours = signature(trimmed(original, float(rng.uniform(2.0, 4.0))))
+        if ours.informative:
+            informative += 1
+            found += imu_match(ours, signature(original), RULE) is not None
+    assert informative >= 285
+    assert found >= 0.99 * informative, (found, informative)
 
 
 def test_noisy_trimmed_copies_match_nearly_always() -> None:
     """Given 200 trimmed copies with extra sensor noise (up to the trace's own MEMS noise,
     0.01 rad/s per axis): then at least 97 % of the informative ones match their original (a
-    landmark is exact, so noise that moves a peak across a quantisation step loses it; the
-    copy keeps most of its landmarks and needs one)."""
+    landmark is an exact hash, so noise or a new grid phase that moves a peak across a
+    quantisation step loses it; a copy keeps most of its landmarks and needs two, or one
+    when it has fewer than `FEW_LANDMARKS`)."""
     rng = np.random.default_rng(5)
     found = informative = 0
     for seed in range(200):
