@@ -13,7 +13,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from schemas.layers import CalibrationLayer, LabelsLayer, LayerVersionName
 
@@ -231,6 +231,27 @@ class ImuInfo(Model):
     samples_after_video: int = Field(ge=0)
 
 
+class ImuSignature(Model):
+    """The IMU trace's motion signature, as decode computes it (near duplicates; docs/curation.md):
+    the gyro magnitude (rad/s) smoothed and resampled, value i at `start_s + i / rate_hz` on
+    the video's clock, and its landmark hashes with their anchor times (seconds, same clock).
+    No landmarks: the trace is uninformative (a device at rest), and matches nothing."""
+
+    version: int = Field(default=1, ge=1, description="the signature algorithm's version")
+    rate_hz: float = Field(gt=0)
+    start_s: float
+    values: list[float] = Field(default_factory=list, max_length=100_000)
+    peaks: int = Field(default=0, ge=0)
+    landmarks: list[int] = Field(default_factory=list, max_length=200_000)
+    landmark_t_s: list[float] = Field(default_factory=list, max_length=200_000)
+
+    @model_validator(mode="after")
+    def _parallel(self) -> ImuSignature:
+        if len(self.landmarks) != len(self.landmark_t_s):
+            raise ValueError("landmarks and landmark_t_s must be parallel lists")
+        return self
+
+
 class CameraProbe(Model):
     """The probe of one more camera's file (multi-camera episodes)."""
 
@@ -271,6 +292,9 @@ class EpisodeDecoded(Event):
     imu_cols: int | None = Field(default=None, ge=0)
     imu_error: str | None = Field(default=None, max_length=2000)
     imu: ImuInfo | None = None
+    imu_signature: ImuSignature | None = Field(
+        default=None, description="the IMU's motion signature (None: no IMU, or older decoders)"
+    )
     audio_streams: list[AudioInfo] = Field(default_factory=list)
     salvaged_s: float | None = Field(
         default=None, description="seconds kept of a file cut short mid-write (power loss)"

@@ -167,11 +167,20 @@ def bench_curate(
     lookup_episodes: Annotated[
         int, typer.Option(min=1000, help="signatures seeded for the near-duplicate lookups")
     ] = 1_000_000,
+    imu_lookup_episodes: Annotated[
+        int,
+        typer.Option(min=0, help="IMU signatures seeded for the IMU lookups (0: skip them)"),
+    ] = 100_000,
     as_json: Annotated[bool, typer.Option("--json", help="only the JSON line on stdout")] = False,
 ) -> None:
     """Content signals and duplicates against labelled media: per class precision and recall,
-    the validate stage's extra CPU for the signals, near-duplicate lookup time at scale."""
+    the validate stage's extra CPU for the signals, near-duplicate lookup time at scale (pHash
+    and IMU signature)."""
     from services.bench.curate import bench_curate as run
 
     del as_json
-    _run_bench(lambda settings, log: run(settings, episodes, seed, log, lookup_episodes))
+    _run_bench(
+        lambda settings, log: run(
+            settings, episodes, seed, log, lookup_episodes, imu_lookup_episodes=imu_lookup_episodes
+        )
+    )

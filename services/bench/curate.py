@@ -11,7 +11,8 @@
 4. `extra_cpu_fraction`: the validate stage's own function (`validate_episode`: fetch, keyframe
    decode, rules) run in this process on a sample of the mix with signals off and on,
    alternating, CPU seconds compared (the same work but the signals).
-5. Near-duplicate lookup at 1M episodes: `bench.near_dup` seeds signatures and times lookups.
+5. Near-duplicate lookup at 1M episodes: `bench.near_dup` seeds signatures and times lookups;
+   the IMU signature's at 100k: `bench.imu_dup`.
 """
 
 from __future__ import annotations
@@ -199,11 +200,14 @@ def bench_curate(
     lookup_episodes: int = 1_000_000,
     overhead_sample: int = 24,
     hd_episodes: int = 8,
+    imu_lookup_episodes: int = 100_000,
 ) -> dict[str, Any]:
     """`egoline bench curate`: the mix through a fleet of its own, scored; the CPU share of the
-    signals in validate; near-duplicate lookups at `lookup_episodes`."""
+    signals in validate; near-duplicate lookups at `lookup_episodes` (pHash) and
+    `imu_lookup_episodes` (IMU signature; 0: skipped)."""
     from services.agent.runner import make_agent
     from services.bench.chaos import statuses
+    from services.bench.imu_dup import imu_dup_lookup_bench
     from services.bench.near_dup import near_dup_lookup_bench
     from services.common.objectstore import object_store
     from services.metadata.core import TERMINAL
@@ -290,6 +294,13 @@ def bench_curate(
     engine.dispose()
     if not isinstance(lookup, dict):
         raise TypeError("near_dup_lookup_bench returned no figures")
+    imu_lookup: dict[str, Any] = {}
+    if imu_lookup_episodes:
+        log(f"IMU near-duplicate lookups at {imu_lookup_episodes} seeded episodes")
+        figures = imu_dup_lookup_bench(settings, episodes=imu_lookup_episodes)["imu_dup_lookup"]
+        if not isinstance(figures, dict):
+            raise TypeError("imu_dup_lookup_bench returned no figures")
+        imu_lookup = figures
     return {
         "episodes": len(ids),
         "cataloged": sum(1 for s in state.values() if s in TERMINAL),
@@ -304,6 +315,10 @@ def bench_curate(
         "near_dup_lookup_p50_ms": lookup.get("p50_ms"),
         "near_dup_lookup_p99_ms": lookup.get("p99_ms"),
         "near_dup_lookup": lookup,
+        "imu_dup_lookup_episodes": imu_lookup_episodes,
+        "imu_dup_lookup_p50_ms": imu_lookup.get("p50_ms"),
+        "imu_dup_lookup_p99_ms": imu_lookup.get("p99_ms"),
+        "imu_dup_lookup": imu_lookup,
         "misclassified": wrong,
         "encode_s": round(encode_s, 1),
         "pipeline_s": round(pipeline_s, 1),

@@ -167,6 +167,18 @@ class CurationSettings(_Group):
     near_dup_min_shared: float = Field(
         default=0.5, gt=0, le=1, description="share of the shorter episode's frames that match"
     )
+    imu_dup_min_votes: int = Field(
+        default=2, ge=1, description="IMU landmarks two episodes must share at one lag"
+    )
+    imu_dup_min_correlation: float = Field(
+        default=0.95, gt=0, le=1, description="gyro-magnitude correlation over the overlap"
+    )
+    imu_dup_min_overlap_s: float = Field(
+        default=5.0, gt=0, description="seconds the two IMU traces must overlap at least"
+    )
+    imu_dup_min_cover: float = Field(
+        default=0.8, ge=0, le=1, description="share of the shorter IMU trace the overlap covers"
+    )
 
     @field_validator("reject", mode="before")
     @classmethod

@@ -39,6 +39,7 @@ from services.decode.core import (
 from services.media.av_io import frame_times_s, probe_container
 from services.media.model import ContainerProbe, ProbeError
 from services.sensors.imu import ImuError, ImuSummary, load_imu, summarize_imu
+from services.sensors.imu_signature import ImuDescriptor, describe_imu
 
 
 @dataclass(frozen=True)
@@ -67,10 +68,12 @@ def _probe_file(
 
 def _read_imu(
     store: ObjectStore, episode: EpisodeRef, probe: ContainerProbe
-) -> tuple[tuple[int, ...] | None, str | None, ImuSummary | None]:
-    """Read the IMU sidecar at its own rate and summarise it against the video span."""
+) -> tuple[tuple[int, ...] | None, str | None, ImuSummary | None, ImuDescriptor | None]:
+    """Read the IMU sidecar at its own rate, summarise it against the video span and compute
+    its motion signature over that span (near duplicates: decode is the stage that reads the
+    whole IMU with the episode's video span at hand)."""
     if episode.imu is None:
-        return None, None, None
+        return None, None, None, None
     primary = probe.streams[0]
     try:
         samples = load_imu(
@@ -81,11 +84,12 @@ def _read_imu(
             offset_s=episode.imu_offset_s,
         )
     except ImuError as exc:
-        return None, str(exc)[:2000], None
+        return None, str(exc)[:2000], None, None
     cols = samples.values.shape[1] + (1 if samples.source_format != "npy_frame_synced" else 0)
     span_end = probe.salvaged_s if probe.salvaged_s is not None else primary.duration_s
     summary = summarize_imu(samples, 0.0, span_end)
-    return (len(samples.t), cols), None, summary
+    signature = describe_imu(samples, 0.0, span_end) if span_end > 0 else None
+    return (len(samples.t), cols), None, summary, signature
 
 
 def decode_episode(
@@ -105,7 +109,7 @@ def decode_episode(
             other, sha = _probe_file(store, camera.file.key, path, fetch)
             cameras.append(camera_probe(name, camera.file.key, camera.offset_s, other, sha))
             path.unlink()
-        imu_shape, imu_error, imu_summary = _read_imu(store, episode, probe)
+        imu_shape, imu_error, imu_summary, imu_signature = _read_imu(store, episode, probe)
         # The per-packet index is large (one row per frame): it goes to the object store and
         # the event carries its key; the keyframe times the shard stage needs stay inline.
         index_key = packet_index_key(pipeline_version, episode.episode_id, observed)
@@ -122,6 +126,7 @@ def decode_episode(
         datetime.now(UTC),
         packet_index_key=index_key,
         imu=imu_summary,
+        imu_signature=imu_signature,
         cameras=cameras,
     )
 

@@ -11,12 +11,14 @@ from schemas.events import (
     EpisodeDecoded,
     EpisodeUploaded,
     ImuInfo,
+    ImuSignature,
     ReasonCode,
     StreamInfo,
     derive_event_id,
 )
 from services.media.model import ContainerProbe
 from services.sensors.imu import ImuSummary
+from services.sensors.imu_signature import SIGNATURE_VERSION, ImuDescriptor
 
 MP4_BOX_TYPES = (b"ftyp", b"moov", b"mdat", b"free", b"wide", b"skip", b"styp", b"moof")
 EBML_MAGIC = b"\x1a\x45\xdf\xa3"
@@ -117,6 +119,7 @@ def decoded_event(
     packet_index_key: str | None = None,
     imu: ImuSummary | None = None,
     cameras: list[CameraProbe] | None = None,
+    imu_signature: ImuDescriptor | None = None,
 ) -> EpisodeDecoded:
     """The `episodes.decoded` event for one probed episode. The event id derives from the
     upload event id and pipeline version, so a redelivered upload gives the same event.
@@ -142,8 +145,22 @@ def decoded_event(
         imu_cols=imu_shape[1] if imu_shape and len(imu_shape) > 1 else None,
         imu_error=imu_error,
         imu=None if imu is None else ImuInfo(**asdict(imu)),
+        imu_signature=None if imu_signature is None else signature_model(imu_signature),
         audio_streams=audio_infos(probe),
         salvaged_s=probe.salvaged_s,
         salvage_limit_bytes=probe.salvage_limit_bytes,
         cameras=cameras or [],
+    )
+
+
+def signature_model(descriptor: ImuDescriptor) -> ImuSignature:
+    """The IMU signature as the decoded event carries it."""
+    return ImuSignature(
+        version=SIGNATURE_VERSION,
+        rate_hz=descriptor.rate_hz,
+        start_s=descriptor.start_s,
+        values=list(descriptor.values),
+        peaks=descriptor.peaks,
+        landmarks=list(descriptor.landmarks),
+        landmark_t_s=list(descriptor.landmark_t_s),
     )

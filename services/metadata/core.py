@@ -48,6 +48,7 @@ from schemas.events import (
 from services.common.settings import CurationSettings
 from services.media.members import member_labels
 from services.metadata.duplicates import near_duplicate_statements, signature_statements
+from services.metadata.imu_duplicates import imu_signature_statements
 from services.metadata.layers import annotated_statement, check_version, layer_content
 from services.metadata.packing import PACKED_COLUMN, pack_sql
 from services.metadata.warehouse import (
@@ -65,6 +66,7 @@ from services.metadata.warehouse import (
     shards,
     verdicts,
 )
+from services.sensors.imu_signature import ImuRule
 
 
 class EpisodeStatus(StrEnum):
@@ -237,7 +239,9 @@ def _seen(pipeline_version: str) -> Executable:
 # video, whatever order the events came in; recomputing from scratch makes replays converge.
 # An episode's quality values are its worst clip's (null if any clip lacks one); its
 # `duplicate_of` is the earliest (started_at, episode id) earlier episode with the same raw
-# video bytes (`exact`), else the earliest it is a near duplicate of (`near`).
+# video bytes (`exact`), else the earliest it is a near duplicate of by pHash or IMU signature
+# (`near` if the pHash rule holds for that pair, with or without the IMU; `imu` if only the
+# IMU signature does).
 _REFRESH_SQL = """
 WITH c AS (
     SELECT clips.*,
@@ -282,8 +286,12 @@ LEFT JOIN LATERAL (
         SELECT o.episode_id, 'near', 1, o.started_at
         FROM near_duplicates n JOIN episodes o ON o.episode_id = n.duplicate_of
         WHERE n.pipeline_version = g.pipeline_version AND n.episode_id = g.episode_id
+        UNION ALL
+        SELECT o.episode_id, 'imu', 2, o.started_at
+        FROM imu_duplicates n JOIN episodes o ON o.episode_id = n.duplicate_of
+        WHERE n.pipeline_version = g.pipeline_version AND n.episode_id = g.episode_id
     ) x
-    ORDER BY x.precedence, x.started_at, x.duplicate_of
+    ORDER BY least(x.precedence, 1), x.started_at, x.duplicate_of, x.precedence
     LIMIT 1
 ) dup ON true
 ON CONFLICT (pipeline_version, episode_id) DO UPDATE SET {updates}
@@ -344,7 +352,7 @@ def _refresh_sql(where: str) -> str:
 
 
 # The episodes whose `duplicate_of` may change with these: the same raw video bytes, or a
-# near-duplicate pair with one of them (either side).
+# near-duplicate pair (pHash or IMU) with one of them (either side).
 _RELATED = """ARRAY(
     SELECT unnest(CAST(:episode_ids AS varchar[]))
     UNION SELECT o.episode_id FROM raw_objects r
@@ -352,6 +360,8 @@ _RELATED = """ARRAY(
           WHERE r.kind = 'video' AND r.episode_id = ANY(:episode_ids)
     UNION SELECT n.duplicate_of FROM near_duplicates n WHERE n.episode_id = ANY(:episode_ids)
     UNION SELECT n.episode_id FROM near_duplicates n WHERE n.duplicate_of = ANY(:episode_ids)
+    UNION SELECT n.duplicate_of FROM imu_duplicates n WHERE n.episode_id = ANY(:episode_ids)
+    UNION SELECT n.episode_id FROM imu_duplicates n WHERE n.duplicate_of = ANY(:episode_ids)
 )"""
 
 
@@ -489,12 +499,17 @@ def _verdict_row(val: EpisodeValidated) -> Executable:
 
 
 def _signal_rows(val: EpisodeValidated, curation: CurationSettings) -> list[Executable]:
-    """The episode's signals summary and signature, then its near duplicates among the episodes
-    stored so far (either side of the pair may be the later one)."""
-    if val.signals is None:
-        return []
+    """The episode's IMU signature and the pairs it finds, then its signals summary and pHash
+    signature and their near duplicates, among the episodes stored so far (either side of a
+    pair may be the later one)."""
     episode_id = val.decoded.episode.episode_id
+    imu = imu_signature_statements(
+        episode_id, val.pipeline_version, val.decoded.imu_signature, imu_rule(curation)
+    )
+    if val.signals is None:
+        return imu
     return [
+        *imu,
         *signature_statements(episode_id, val.pipeline_version, val.signals),
         *near_duplicate_statements(
             episode_id,
@@ -588,3 +603,13 @@ def _episode_in(record: DlqRecord) -> EpisodeRef | None:
         return EpisodeRef.model_validate(candidate) if candidate else None
     except ValidationError:
         return None
+
+
+def imu_rule(curation: CurationSettings) -> ImuRule:
+    """The IMU near-duplicate rule from the settings (`EGOLINE_CURATION_IMU_DUP_*`)."""
+    return ImuRule(
+        min_votes=curation.imu_dup_min_votes,
+        min_correlation=curation.imu_dup_min_correlation,
+        min_overlap_s=curation.imu_dup_min_overlap_s,
+        min_cover=curation.imu_dup_min_cover,
+    )

@@ -25,7 +25,7 @@ from sqlalchemy import (
     create_engine,
     func,
 )
-from sqlalchemy.dialects.postgresql import ARRAY, BYTEA, JSONB
+from sqlalchemy.dialects.postgresql import ARRAY, BYTEA, JSONB, REAL
 
 from services.common.settings import Settings
 from services.metadata.packing import PACKED_COLUMN
@@ -289,6 +289,53 @@ near_duplicates = Table(
     Column("frames", Integer, nullable=False),
     Column("min_distance", SmallInteger, nullable=False),
     Index("ix_near_duplicates_of", "pipeline_version", "duplicate_of"),
+)
+
+# The IMU signature (migration 0010; services/sensors/imu_signature.py): each episode's gyro
+# magnitude smoothed at `rate_hz` (rad/s, value i at start_s + i / rate_hz on its video clock),
+# its landmark index (hash -> anchor time, episode: the btree carries both), and the pairs the
+# IMU finds, the later episode first, with their evidence (services/metadata/imu_duplicates.py).
+imu_signatures = Table(
+    "imu_signatures",
+    metadata,
+    Column("episode_id", String(128), ForeignKey("episodes.episode_id"), primary_key=True),
+    Column("pipeline_version", String(64), primary_key=True),
+    Column("signature_version", Integer, nullable=False),
+    Column("rate_hz", Float, nullable=False),
+    Column("start_s", Float, nullable=False),
+    Column("span_s", Float, nullable=False),
+    Column("peaks", Integer, nullable=False),
+    Column("landmarks", Integer, nullable=False),
+    Column("gyro", ARRAY(REAL), nullable=False),
+)
+
+imu_landmarks = Table(
+    "imu_landmarks",
+    metadata,
+    Column("pipeline_version", String(64), nullable=False),
+    Column("hash", BigInteger, nullable=False),
+    Column("t_s", Float, nullable=False),
+    Column("episode_id", String(128), nullable=False),
+    Index(
+        "ix_imu_landmarks_lookup",
+        "pipeline_version",
+        "hash",
+        postgresql_include=["t_s", "episode_id"],
+    ),
+    Index("ix_imu_landmarks_episode", "episode_id", "pipeline_version"),
+)
+
+imu_duplicates = Table(
+    "imu_duplicates",
+    metadata,
+    Column("pipeline_version", String(64), primary_key=True),
+    Column("episode_id", String(128), ForeignKey("episodes.episode_id"), primary_key=True),
+    Column("duplicate_of", String(128), ForeignKey("episodes.episode_id"), primary_key=True),
+    Column("votes", Integer, nullable=False),
+    Column("lag_s", Float, nullable=False),
+    Column("correlation", Float, nullable=False),
+    Column("overlap_s", Float, nullable=False),
+    Index("ix_imu_duplicates_of", "pipeline_version", "duplicate_of"),
 )
 
 dead_letters = Table(

@@ -327,8 +327,9 @@ def imu_samples(
     rate_hz: float, start_s: float, end_s: float, seed: int, at_rest: bool = False
 ) -> NDArray[np.float64]:
     """(N, 7) `[t, ax, ay, az, gx, gy, gz]` at the sensor's own rate with clock jitter; m/s^2
-    and rad/s. Hand-held: slow sway around gravity on z. `at_rest` (on a table): gravity, a
-    slight tilt and a bias, plus MEMS noise only (gyro sigma 0.002 rad/s, accel 0.015 m/s^2)."""
+    and rad/s. Hand-held: slow sway around gravity on z and head turns (`scene.hand_held_gyro`:
+    each seed moves its own way). `at_rest` (on a table): gravity, a slight tilt and a bias,
+    plus MEMS noise only (gyro sigma 0.002 rad/s, accel 0.015 m/s^2)."""
     rng = np.random.default_rng(seed + 11)
     count = int((end_s - start_s) * rate_hz)
     t = start_s + np.arange(count) / rate_hz + rng.normal(0, 0.05 / rate_hz, count)
@@ -338,7 +339,7 @@ def imu_samples(
         noise = rng.normal(0, 1, (count, 6)) * np.array([0.015] * 3 + [0.002] * 3)
         return np.column_stack([t, still + noise])
     accel = np.stack([0.3 * np.sin(1.1 * t), 0.2 * np.cos(0.7 * t), 9.81 + 0.1 * np.sin(2.3 * t)])
-    gyro = np.stack([0.05 * np.sin(0.9 * t), 0.04 * np.cos(1.3 * t), 0.02 * np.sin(0.4 * t)])
+    gyro = scene.hand_held_gyro(t, seed).T
     values = np.concatenate([accel, gyro]).T + rng.normal(0, 0.01, (count, 6))
     return np.column_stack([t, values])
 

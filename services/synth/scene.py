@@ -41,6 +41,34 @@ def depth_frames(count: int, width: int, height: int, seed: int) -> Iterator[NDA
         yield np.repeat(grey[..., None], 3, axis=2)
 
 
+def hand_held_gyro(t: NDArray[np.float64], seed: int) -> NDArray[np.float64]:
+    """(N, 3) angular rates (rad/s) of a head-mounted or hand-held device at sorted times t (s):
+    a slow sway (a few sines per axis, frequencies and phases drawn from `seed`) plus head
+    turns, Gaussian bursts of 0.3-1.5 rad/s lasting 0.1-0.3 s (sigma) about a random axis, on
+    average one every 0.8 s. Each seed is its own recording: two seeds never move alike, which
+    is what the IMU signature relies on (services/sensors/imu_signature.py)."""
+    rng = np.random.default_rng(seed + 97)
+    gyro = np.zeros((t.size, 3))
+    for axis in range(3):
+        for _ in range(3):
+            freq = rng.uniform(0.1, 0.8)  # Hz
+            gyro[:, axis] += rng.uniform(0.01, 0.05) * np.sin(
+                2 * np.pi * freq * t + rng.uniform(0, 2 * np.pi)
+            )
+    if t.size:
+        start, end = float(t.min()) - 1.0, float(t.max()) + 1.0
+        turns = rng.poisson(max(1.0, (end - start) / 0.8))
+        for centre in rng.uniform(start, end, turns):
+            direction = rng.normal(0, 1, 3)
+            direction /= float(np.linalg.norm(direction)) or 1.0
+            peak = rng.uniform(0.3, 1.5) * rng.choice([-1.0, 1.0])
+            width = rng.uniform(0.1, 0.3)
+            lo, hi = np.searchsorted(t, [centre - 4 * width, centre + 4 * width])
+            burst = peak * np.exp(-0.5 * ((t[lo:hi] - centre) / width) ** 2)
+            gyro[lo:hi] += np.outer(burst, direction)
+    return gyro
+
+
 def imu_rows(count: int, fps: int, seed: int) -> NDArray[np.float32]:
     """(count, 6) float32, one row per frame: accelerometer xyz (m/s^2), gyroscope xyz (rad/s)."""
     rng = np.random.default_rng(seed + 2)
@@ -48,9 +76,7 @@ def imu_rows(count: int, fps: int, seed: int) -> NDArray[np.float32]:
     accel = np.stack(
         [0.3 * np.sin(1.1 * t), 0.2 * np.cos(0.7 * t), 9.81 + 0.1 * np.sin(2.3 * t)], axis=1
     )
-    gyro = np.stack(
-        [0.05 * np.sin(0.9 * t), 0.04 * np.cos(1.3 * t), 0.02 * np.sin(0.4 * t)], axis=1
-    )
+    gyro = hand_held_gyro(t, seed)
     noise = rng.normal(0, 0.01, size=(count, 6))
     return (np.concatenate([accel, gyro], axis=1) + noise).astype(np.float32)
 

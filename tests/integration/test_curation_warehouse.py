@@ -1,6 +1,7 @@
-"""Curation in the warehouse on the real stack: crafted events with signals and clip quality,
-applied through the metadata service's own `apply_batch`; the manifest filters leave out exactly
-the flagged episodes, duplicates name the earliest copy, and replays in any order agree."""
+"""Curation in the warehouse on the real stack: crafted events with signals, IMU signatures and
+clip quality, applied through the metadata service's own `apply_batch`; the manifest filters
+leave out exactly the flagged episodes, duplicates (by bytes, pHash or IMU signature) name the
+earliest copy, resting devices are never duplicates, and replays in any order agree."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import numpy as np
 import psycopg
 import pytest
 
@@ -25,6 +27,7 @@ from schemas.events import (
     EpisodeSignals,
     EpisodeUploaded,
     EpisodeValidated,
+    ImuSignature,
     ShardsWritten,
     SourceFile,
     StreamInfo,
@@ -34,12 +37,16 @@ from schemas.events import (
 )
 from services.common.objectstore import object_store
 from services.common.settings import CurationSettings, Settings
+from services.decode.core import signature_model
 from services.manifest.build import build_manifest
 from services.manifest.lineage import lineage
 from services.manifest.load import load_manifest
 from services.manifest.query import ExposureBounds, ManifestFilter
 from services.metadata.app import apply_batch
 from services.metadata.warehouse import make_engine, upgrade
+from services.sensors.imu import ImuSamples
+from services.sensors.imu_signature import describe_imu
+from services.synth.realistic import imu_samples
 from tests.fixtures.stack import FreshDatabase
 
 pytestmark = pytest.mark.connected
@@ -61,8 +68,26 @@ TABLES = (
     "episode_quality",
     "phash_bands",
     "near_duplicates",
+    "imu_signatures",
+    "imu_landmarks",
+    "imu_duplicates",
     "manifest_episodes",
 )
+
+
+def imu(seed: int, trim_s: float = 0.0, at_rest: bool = False) -> ImuSignature:
+    """The IMU signature decode computes for a 14 s recording (synth's hand-held or resting
+    trace of `seed`), trimmed by `trim_s` and rebased to the cut as a trimmed copy is."""
+    rows = imu_samples(200.0, -0.05, 14.05, seed, at_rest)
+    rows = rows[rows[:, 0] >= trim_s - 0.05]
+    rows[:, 0] -= trim_s
+    samples = ImuSamples(
+        np.ascontiguousarray(rows[:, 0]), np.ascontiguousarray(rows[:, 1:]), "npy_timestamped"
+    )
+    signature = signature_model(describe_imu(samples, 0.0, 14.0 - trim_s))
+    if bool(signature.landmarks) == at_rest:
+        raise AssertionError(f"seed {seed}: the trace's informativeness is not what it should")
+    return signature
 
 
 def flip(h: int, bits: int, rng: random.Random) -> int:
@@ -82,6 +107,7 @@ class Crafted:
     std_luma: float = 40.0
     clips: int = 3
     tags: list[str] = field(default_factory=list)
+    imu: ImuSignature | None = None
 
     @property
     def ref(self) -> EpisodeRef:
@@ -113,6 +139,7 @@ class Crafted:
             primary_stream=0,
             keyframe_times_s=[0.0, 2.0, 4.0],
             observed_sha256=self.video_sha256,
+            imu_signature=self.imu,
         )
         n = len(self.hashes)
         signals = EpisodeSignals(
@@ -179,14 +206,16 @@ class Crafted:
 def corpus() -> list[Crafted]:
     rng = random.Random(17)
     base = [rng.getrandbits(64) for _ in range(12)]
-    sha = [derive_event_id("video", str(i)) * 2 for i in range(10)]
+    sha = [derive_event_id("video", str(i)) * 2 for i in range(16)]
     black = [0x8000000000000000] * 8  # what a covered lens hashes to: the same every frame
 
     def fresh() -> list[int]:
         return [rng.getrandbits(64) for _ in range(12)]
 
+    held, other_held = imu(101), imu(202)
+    rest = GOOD.model_copy(update={"motion": 0.002})
     return [
-        Crafted("cur-clean", "dev-a", 0, sha[0], base),
+        Crafted("cur-clean", "dev-a", 0, sha[0], base, imu=held),
         Crafted("cur-blur", "dev-a", 1, sha[1], fresh(), GOOD.model_copy(update={"sharpness": 4})),
         Crafted(
             "cur-frozen",
@@ -201,16 +230,33 @@ def corpus() -> list[Crafted]:
         ),
         Crafted("cur-noimu", "dev-b", 4, sha[4], fresh(), GOOD.model_copy(update={"motion": None})),
         # The same bytes again, under another id and device, later: an exact duplicate.
-        Crafted("cur-exact", "dev-c", 5, sha[0], base),
+        Crafted("cur-exact", "dev-c", 5, sha[0], base, imu=held),
         # Re-encoded and trimmed: frames 3..7 of the clean one, 3 bits off each (5 of its 12:
         # under half of the longer one, all of the shorter one, which is what the rule counts).
-        Crafted("cur-near", "dev-c", 6, sha[5], [flip(h, 3, rng) for h in base[3:8]]),
+        # Its IMU is the clean one's from 3 s on: the IMU confirms both pairs.
+        Crafted(
+            "cur-near", "dev-c", 6, sha[5], [flip(h, 3, rng) for h in base[3:8]], imu=imu(101, 3.0)
+        ),
         # Similar but different: every hash 14 bits away (the rule matches within 7).
-        Crafted("cur-similar", "dev-c", 7, sha[6], [flip(h, 14, rng) for h in base]),
+        Crafted(
+            "cur-similar", "dev-c", 7, sha[6], [flip(h, 14, rng) for h in base], imu=other_held
+        ),
         # Two covered-lens recordings: identical uniform frames, which carry no signature.
         Crafted("cur-dark1", "dev-d", 8, sha[7], black, std_luma=0.5),
         Crafted("cur-dark2", "dev-d", 9, sha[8], black, std_luma=0.5),
-    ]
+        # Another recording; then a copy of it whose picture no longer hashes alike (cropped,
+        # re-graded: unrelated pHashes) but whose IMU is the same trace, trimmed by 2.6 s.
+        Crafted("cur-imu-orig", "dev-e", 10, sha[9], fresh(), imu=imu(303)),
+        Crafted("cur-imu-copy", "dev-f", 11, sha[10], fresh(), imu=imu(303, 2.6)),
+        # And a copy whose frames are all uniform (a covered lens: no pHash at all).
+        Crafted("cur-imu-dark", "dev-f", 12, sha[11], black, std_luma=0.5, imu=imu(303)),
+        # Two recordings of one device on a table, facing a blank wall: neither the pictures
+        # nor the IMU say anything, so they are not duplicates.
+        Crafted("cur-rest1", "dev-g", 13, sha[12], black, rest, std_luma=0.5,
+                imu=imu(404, at_rest=True)),
+        Crafted("cur-rest2", "dev-g", 14, sha[13], black, rest, std_luma=0.5,
+                imu=imu(405, at_rest=True)),
+    ]  # fmt: skip
 
 
 def records_of(episodes: list[Crafted]) -> list[tuple[str, bytes]]:
@@ -285,9 +331,11 @@ def test_quality_filters_leave_out_exactly_the_flagged_episodes(
     assert pick(max_frozen_fraction=0.5) == ALL - {"cur-frozen"}
     bounds = ExposureBounds.of(CurationSettings())
     assert pick(exposure_ok=bounds.model_dump()) == ALL - {"cur-bright"}
-    assert pick(min_motion=0.1) == ALL - {"cur-noimu"}  # no IMU: no motion value
-    # The canonical copies stay; the exact and the near duplicate (both later) go.
-    assert pick(exclude_duplicates=True) == ALL - {"cur-exact", "cur-near"}
+    # no IMU: no motion value; on a table: too little
+    assert pick(min_motion=0.1) == ALL - {"cur-noimu", "cur-rest1", "cur-rest2"}
+    # The canonical copies stay; the exact and the near duplicates (all later) go.
+    dups = {"cur-exact", "cur-near", "cur-imu-copy", "cur-imu-dark"}
+    assert pick(exclude_duplicates=True) == ALL - dups
     everything = pick(
         min_sharpness=50.0,
         max_frozen_fraction=0.5,
@@ -295,7 +343,7 @@ def test_quality_filters_leave_out_exactly_the_flagged_episodes(
         min_motion=0.1,
         exclude_duplicates=True,
     )
-    assert everything == {"cur-clean", "cur-similar", "cur-dark1", "cur-dark2"}
+    assert everything == {"cur-clean", "cur-similar", "cur-dark1", "cur-dark2", "cur-imu-orig"}
 
 
 def test_duplicates_name_the_earliest_copy_with_their_evidence(warehouse: Settings) -> None:
@@ -311,7 +359,22 @@ def test_duplicates_name_the_earliest_copy_with_their_evidence(warehouse: Settin
         dark = conn.execute(
             "SELECT informative_frames, frames FROM episode_quality WHERE episode_id = 'cur-dark1'"
         ).fetchone()
-    assert marked == [("cur-exact", "cur-clean", "exact"), ("cur-near", "cur-clean", "near")]
+        imu_pairs = conn.execute(
+            "SELECT episode_id, duplicate_of, votes, lag_s, correlation, overlap_s "
+            "FROM imu_duplicates ORDER BY episode_id, duplicate_of"
+        ).fetchall()
+        resting = conn.execute(
+            "SELECT s.episode_id, s.landmarks, count(l.hash) FROM imu_signatures s "
+            "LEFT JOIN imu_landmarks l USING (episode_id, pipeline_version) "
+            "WHERE s.episode_id LIKE 'cur-rest%' GROUP BY s.episode_id, s.landmarks "
+            "ORDER BY s.episode_id"
+        ).fetchall()
+    assert marked == [
+        ("cur-exact", "cur-clean", "exact"),
+        ("cur-imu-copy", "cur-imu-orig", "imu"),  # only the IMU tells: the pictures differ
+        ("cur-imu-dark", "cur-imu-orig", "imu"),  # uniform frames: no pHash at all
+        ("cur-near", "cur-clean", "near"),  # pHash, confirmed by the IMU (below)
+    ]
     # The exact copy has the same frames too; the trimmed copy matches all 5 of its frames.
     assert pairs == [
         ("cur-exact", "cur-clean", 1.0, 12, 0),
@@ -319,6 +382,17 @@ def test_duplicates_name_the_earliest_copy_with_their_evidence(warehouse: Settin
         ("cur-near", "cur-exact", 1.0, 5, 3),
     ]
     assert dark == (0, 8)  # uniform frames: no signature, so no covered-lens "duplicates"
+    # The IMU pairs: the trimmed copy's lag is its cut; the pHash pairs are confirmed.
+    assert [(a, b, v >= 2, round(lag, 1), r >= 0.9) for a, b, v, lag, r, _ in imu_pairs] == [
+        ("cur-exact", "cur-clean", True, 0.0, True),
+        ("cur-imu-copy", "cur-imu-orig", True, 2.6, True),
+        ("cur-imu-dark", "cur-imu-copy", True, -2.6, True),
+        ("cur-imu-dark", "cur-imu-orig", True, 0.0, True),
+        ("cur-near", "cur-clean", True, 3.0, True),
+        ("cur-near", "cur-exact", True, 3.0, True),
+    ]
+    # Resting devices: a signature without landmarks, which finds nothing and is found by none.
+    assert resting == [("cur-rest1", 0, 0), ("cur-rest2", 0, 0)]
     engine = make_engine(warehouse)
     try:
         (entry, *_) = lineage(engine, "cur-near", "v1", 0)
@@ -380,6 +454,7 @@ def test_manifest_rows_carry_quality_and_duplicate_of_and_inspect_shows_them(
     assert shown.exit_code == 0, shown.output
     summary = json.loads(shown.stdout.strip().splitlines()[-1])
     assert summary["format_version"] == 5
-    assert summary["duplicate_rows"] == 6 and summary["duplicates_of"] == ["cur-clean"]
+    assert summary["duplicate_rows"] == 12
+    assert summary["duplicates_of"] == ["cur-clean", "cur-imu-orig"]
     assert summary["quality"]["motion"]["nulls"] == 3
     assert summary["quality"]["sharpness"]["min"] == 4.0
