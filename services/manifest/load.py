@@ -31,7 +31,23 @@ def manifest_metadata(table: pa.Table) -> dict[str, Any]:
         out["filter"] = json.loads(raw[b"egoline.manifest.filter"])
     if b"egoline.manifest.query" in raw:
         out["query"] = raw[b"egoline.manifest.query"].decode()
+    out["layers"] = layer_versions(raw)
     return out
+
+
+LAYERS_KEY = b"egoline.layers"
+
+
+def layer_versions(metadata: dict[bytes, bytes] | None) -> dict[str, str]:
+    """The layer versions a manifest pins: its schema metadata `egoline.layers`, a JSON object
+    {kind: resolved version}; {} when absent. Raises ValueError when it is not such an object."""
+    raw = (metadata or {}).get(LAYERS_KEY)
+    if raw is None:
+        return {}
+    value = json.loads(raw)
+    if not isinstance(value, dict):
+        raise ValueError(f"egoline.layers is not a JSON object: {raw[:80]!r}")
+    return {str(kind): str(version) for kind, version in sorted(value.items())}
 
 
 def clip_key(episode_id: str, clip_index: int) -> str:
