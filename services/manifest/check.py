@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from sqlalchemy import ColumnElement, Engine, String, cast, distinct, func, literal, select
+from sqlalchemy import ColumnElement, Engine, String, cast, distinct, func, literal_column, select
 
 from services.manifest.heldout import (
     EVAL,
@@ -43,7 +43,9 @@ class HeldoutReport:
 
 def _group(key: Literal["session", "device"]) -> ColumnElement[str]:
     column = episodes.c.session_id if key == "session" else episodes.c.device_id
-    return func.coalesce(column, literal("episode:") + manifest_members.c.episode_id)
+    # A constant, rendered inline: a bound one would differ between SELECT and GROUP BY.
+    unknown = literal_column("'episode:'", String) + manifest_members.c.episode_id
+    return func.coalesce(column, unknown)
 
 
 def check_heldout(

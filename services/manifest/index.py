@@ -217,6 +217,18 @@ def manifest_id_of(path: Path) -> str:
     return digest.hexdigest()
 
 
+def resolve_manifest_id(ref: str) -> str:
+    """A manifest's id from a local file, an id, or an object key `manifests/<id>.arrow`.
+    Raises ValueError when `ref` is none of these."""
+    path = Path(ref)
+    if path.is_file():
+        return manifest_id_of(path)
+    name = Path(ref).name.removesuffix(".arrow")
+    if MANIFEST_ID.fullmatch(name):
+        return name
+    raise ValueError(f"{ref!r} is neither a manifest file nor a manifest id or key")
+
+
 def local_manifest(ref: str, store: ObjectStore, directory: Path) -> Path:
     """A manifest as a local file: `ref` is a path, a manifest id or its object key (fetched
     from the store into `directory`, named by its id)."""
