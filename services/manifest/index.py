@@ -132,6 +132,13 @@ class MemberCopy:
             if self._error is not None:
                 raise self._error
             with self._conn.cursor() as cur:
+                # Two builds of the same manifest at once: the second waits for the first's
+                # commit here, then finds it indexed.
+                cur.execute(
+                    "SELECT pg_advisory_xact_lock(hashtextextended($1, 19))",
+                    (record.manifest_id,),
+                )
+                cur.fetchall()
                 cur.execute(
                     "INSERT INTO manifests (manifest_id, object_key, query, params, row_count,"
                     " size_bytes) VALUES ($1, $2, $3, $4::jsonb, $5, $6)"

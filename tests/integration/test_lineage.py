@@ -92,6 +92,8 @@ def test_used_by_lists_every_manifest_holding_the_episode_and_the_runs_that_read
     uses, runs = used_by(make_engine(warehouse), "ep000000013")
     assert [u.manifest_id for u in uses] == [everything.manifest_id]
     assert [r.run_name for r in runs] == ["run-8"]
+    nothing = build(warehouse, tmp_path / "c", ManifestFilter(devices=["no-such-device"]))
+    assert nothing.rows == 0 and nothing.indexed is not None and nothing.indexed.episodes == 0
     listed = run_cli("runs", "list")["runs"]
     assert {(r["run_name"], r["manifest_id"]) for r in listed} == {
         ("run-7", one_device.manifest_id),

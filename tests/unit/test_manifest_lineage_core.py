@@ -44,6 +44,13 @@ def test_ten_clips_are_two_bytes_least_significant_bit_first() -> None:
     assert bitmaps.to_pylist() == [b"\xff\x03", b"\x01\x02"]
 
 
+def test_a_manifest_without_clips_has_no_bitmaps() -> None:
+    empty = np.zeros(0, dtype=np.int64)
+    assert clip_bitmaps(empty, empty, 0).to_pylist() == []
+    assert clip_bitmaps(empty, empty, 2).to_pylist() == [b"", b""]
+    assert popcounts(clip_bitmaps(empty, empty, 2)).tolist() == [0, 0]
+
+
 def test_clips_out_of_episode_order_are_refused() -> None:
     with pytest.raises(ValueError, match="grouped by episode"):
         clip_bitmaps(np.array([1, 0]), np.array([0, 0]), 2)
