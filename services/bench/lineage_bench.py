@@ -10,7 +10,8 @@ On the configured Postgres (the embedded stack by default), in the `bench manife
    sorted CREATE INDEX, attach, the `manifests` and `indexed_manifests` rows), each holding a
    seeded random `share` of the episodes, and register one training run per manifest;
 4. time `used_by` (the function behind the command) for `lookups` random episodes on one
-   connection pool, and check each answer against the seeded membership.
+   connection pool, and check each answer against the seeded membership;
+5. time `manifest check` of the last manifest against the other `manifests - 1`.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from services.bench.manifest import CLIPS_PER_EPISODE, Log, bench_database
 from services.common.objectstore import object_store
 from services.common.settings import Settings
 from services.manifest.build import build_manifest
+from services.manifest.check import check_heldout
 from services.manifest.index import IndexFacts, ManifestRecord, MemberCopy, partition_name
 from services.manifest.members import clip_bitmaps
 from services.manifest.query import ManifestFilter
@@ -143,6 +145,10 @@ def bench_used_by(
                 expected = {ids[k] for k in np.flatnonzero(holds[:, int(pick)])}
                 if {u.manifest_id for u in uses} != expected or len(runs) != len(expected):
                     wrong += 1
+            log("checking the last manifest's held-out integrity against the family")
+            begun = time.perf_counter()
+            report = check_heldout(engine, ids[-1], "session")
+            check_s = time.perf_counter() - begun
             engine.dispose()
         return {
             "episodes": count,
@@ -160,6 +166,8 @@ def bench_used_by(
             "used_by_p50_ms": _percentile(timings, 50),
             "used_by_p99_ms": _percentile(timings, 99),
             "used_by_max_ms": round(max(timings), 3),
+            "check_s": round(check_s, 3),
+            "check_ok": report.ok,  # with share 1.0 every manifest holds the same episodes
         }
     finally:
         shutil.rmtree(out_dir, ignore_errors=True)

@@ -3,7 +3,9 @@ and the held-out rules."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -19,6 +21,7 @@ from services.manifest.heldout import (
     find_dropped_eval,
     find_leaks,
 )
+from services.manifest.index import resolve_manifest_id
 from services.manifest.load import layer_versions
 from services.manifest.members import (
     bitmap_indexes,
@@ -189,3 +192,17 @@ def test_eval_episodes_of_earlier_manifests_missing_from_the_eval_split_are_drop
         ("ep3", "s2", ("A", "B")),
     ]
     assert find_dropped_eval({"ep1", "ep2", "ep3", "ep9"}, earlier) == []
+
+
+def test_a_manifest_is_named_by_its_file_id_or_key(tmp_path: Path) -> None:
+    digest = "ab" * 32
+    assert resolve_manifest_id(digest) == digest
+    assert resolve_manifest_id(f"manifests/{digest}.arrow") == digest
+    named = tmp_path / f"{digest}.arrow"
+    named.write_bytes(b"not hashed: the name is the id")
+    assert resolve_manifest_id(str(named)) == digest
+    other = tmp_path / "copy.arrow"
+    other.write_bytes(b"some bytes")
+    assert resolve_manifest_id(str(other)) == hashlib.sha256(b"some bytes").hexdigest()
+    with pytest.raises(ValueError, match="neither"):
+        resolve_manifest_id("not-a-manifest")
