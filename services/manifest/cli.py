@@ -85,6 +85,7 @@ def manifest_build(
 
     from services.common.objectstore import object_store
     from services.manifest.build import build_manifest
+    from services.manifest.index import FamilyConflictError
     from services.manifest.query import ExposureBounds, ManifestFilter
     from services.metadata.warehouse import make_engine
 
@@ -122,16 +123,21 @@ def manifest_build(
         def show(episodes: int, clips: int) -> None:
             progress.update(task, description=f"{episodes:,} episodes, {clips:,} clips")
 
-        built = build_manifest(
-            settings.database_libpq_url,
-            engine,
-            object_store(settings),
-            flt,
-            out,
-            progress=show,
-            parallel=parallel,
-            family=family,
-        )
+        try:
+            built = build_manifest(
+                settings.database_libpq_url,
+                engine,
+                object_store(settings),
+                flt,
+                out,
+                progress=show,
+                parallel=parallel,
+                family=family,
+            )
+        except FamilyConflictError as exc:  # recorded, in its earlier family
+            engine.dispose()
+            err.print(f"[red]{exc}[/]")
+            raise typer.Exit(2) from exc
     engine.dispose()
     indexed = built.indexed
     print_json_line(
@@ -163,7 +169,12 @@ def manifest_index(
     """Record a manifest's members from its file (manifests built before the reverse-lineage
     index, or elsewhere): idempotent; a file the warehouse does not know is recorded too."""
     from services.common.objectstore import object_store
-    from services.manifest.index import index_manifest_file, local_manifest, unindexed_manifests
+    from services.manifest.index import (
+        FamilyConflictError,
+        index_manifest_file,
+        local_manifest,
+        unindexed_manifests,
+    )
     from services.metadata.warehouse import make_engine
 
     if (manifest is None) == (not every):
@@ -178,9 +189,13 @@ def manifest_index(
     try:
         for ref in refs:
             path = local_manifest(ref, store, directory)
-            manifest_id, indexed = index_manifest_file(
-                settings.database_libpq_url, engine, store, path, family
-            )
+            try:
+                manifest_id, indexed = index_manifest_file(
+                    settings.database_libpq_url, engine, store, path, family
+                )
+            except FamilyConflictError as exc:
+                err.print(f"[red]{exc}[/]")
+                raise typer.Exit(2) from exc
             err.print(
                 f"{manifest_id}: {indexed.episodes:,} episodes, {indexed.clips:,} clips"
                 + ("" if indexed.new else " (indexed before)")

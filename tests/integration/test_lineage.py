@@ -116,6 +116,9 @@ def test_a_manifest_built_without_the_index_is_indexed_from_its_file(
     assert [(u.manifest_id, u.family, u.clip_indexes) for u in uses] == [
         (old.manifest_id, "robots", list(range(10)))
     ]
+    # a family is set once
+    refused = CliRunner().invoke(app, ["manifest", "index", old.manifest_id, "--family", "x"])
+    assert refused.exit_code == 2 and "robots" in refused.output
     # built again with the index: the same file, already indexed, left as it is
     rebuilt = build(warehouse, tmp_path / "again", ManifestFilter(verdicts=[]))
     assert rebuilt.manifest_id == old.manifest_id
