@@ -74,6 +74,10 @@ def manifest_build(
         str | None,
         typer.Option(help="the dataset this manifest is a version of (`manifest check`)"),
     ] = None,
+    index: Annotated[
+        bool,
+        typer.Option(help="record its members for --used-by now (else: `manifest index` later)"),
+    ] = True,
 ) -> None:
     """Build a manifest with one SQL query into an Arrow IPC file (stored under its hash),
     recorded in the warehouse with its members (reverse lineage: `lineage --used-by`).
@@ -133,6 +137,7 @@ def manifest_build(
                 progress=show,
                 parallel=parallel,
                 family=family,
+                index=index,
             )
         except FamilyConflictError as exc:  # recorded, in its earlier family
             engine.dispose()
