@@ -4,7 +4,8 @@ Episodes are matched by id; a clip is (episode, clip index) under the manifest's
 version, so an episode re-cut under another version has all its clips removed and added. Split
 counts are per side; an episode whose split differs between the two is listed apart (splits
 never move in one warehouse: a move means the manifests come from different split settings,
-which the held-out check cares about). Layer versions come from each file's `egoline.layers`.
+which the held-out check cares about). Layer versions come from each file's schema metadata
+(`services.manifest.load.layer_versions`).
 """
 
 from __future__ import annotations

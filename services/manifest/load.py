@@ -35,18 +35,22 @@ def manifest_metadata(table: pa.Table) -> dict[str, Any]:
     return out
 
 
-LAYERS_KEY = b"egoline.layers"
+# Where a manifest names the layer versions it pins, a JSON object {kind: resolved version}:
+# `egoline.manifest.layers` (format version 5, written by the layers build), or
+# `egoline.layers` (the key first agreed between the two halves of issue 19); read in that order.
+LAYERS_KEYS = (b"egoline.manifest.layers", b"egoline.layers")
 
 
 def layer_versions(metadata: dict[bytes, bytes] | None) -> dict[str, str]:
-    """The layer versions a manifest pins: its schema metadata `egoline.layers`, a JSON object
-    {kind: resolved version}; {} when absent. Raises ValueError when it is not such an object."""
-    raw = (metadata or {}).get(LAYERS_KEY)
+    """The layer versions a manifest pins (`LAYERS_KEYS`); {} when absent. Raises ValueError
+    when the value is not a JSON object."""
+    found = [(metadata or {}).get(key) for key in LAYERS_KEYS]
+    raw = next((value for value in found if value is not None), None)
     if raw is None:
         return {}
     value = json.loads(raw)
     if not isinstance(value, dict):
-        raise ValueError(f"egoline.layers is not a JSON object: {raw[:80]!r}")
+        raise ValueError(f"the layer versions are not a JSON object: {raw[:80]!r}")
     return {str(kind): str(version) for kind, version in sorted(value.items())}
 
 

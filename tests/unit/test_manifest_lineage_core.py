@@ -110,6 +110,9 @@ def test_layer_versions_are_the_files_egoline_layers_object_or_nothing() -> None
     }
     with pytest.raises(ValueError, match="JSON object"):
         layer_versions({b"egoline.layers": b'["v1"]'})
+    # format version 5 names them under egoline.manifest.layers, read first
+    written = {b"egoline.manifest.layers": b'{"labels": "v3"}', b"egoline.layers": b"{}"}
+    assert layer_versions(written) == {"labels": "v3"}
 
 
 def test_diff_counts_episodes_and_clips_added_removed_and_changed() -> None:
