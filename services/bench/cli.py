@@ -124,6 +124,29 @@ def bench_layers(
         raise typer.Exit(1)
 
 
+@bench_app.command("used-by")
+def bench_used_by(
+    episodes: Annotated[
+        int, typer.Option(min=100, help="seeded episodes (10 clips each)")
+    ] = 100_000,
+    manifests: Annotated[int, typer.Option(min=1, help="indexed manifests, one run each")] = 100,
+    share: Annotated[
+        float, typer.Option(min=0.01, max=1.0, help="share of the episodes each manifest holds")
+    ] = 1.0,
+    lookups: Annotated[int, typer.Option(min=1, help="random episodes looked up")] = 1000,
+    keep: Annotated[bool, typer.Option(help="keep the seeded database")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="only the JSON line on stdout")] = False,
+) -> None:
+    """`lineage --episode ID --used-by` over N indexed manifests (episodes x share x
+    manifests member rows): p50/p99 lookup ms, checked against the seeded membership."""
+    from services.bench.lineage_bench import bench_used_by as run
+
+    del as_json
+    _run_bench(
+        lambda settings, log: run(settings, episodes, manifests, share, lookups, keep, log=log)
+    )
+
+
 @bench_app.command("formats")
 def bench_formats(
     seed: Annotated[int, typer.Option(help="-1: fresh episode ids each run")] = -1,

@@ -5,8 +5,10 @@ In one run, on the configured Postgres and object store (the embedded stack by d
    by bulk SQL (`generate_series`) into the normalized tables, then fill `manifest_episodes`
    with the metadata service's own refresh statement (not timed);
 2. the build: `build_manifest` (one query streamed through ADBC/COPY, explode batch by batch,
-   Arrow IPC write + sha256), timed; publishing the file to the object store is timed
-   separately (`publish_s`);
+   Arrow IPC write + sha256, its members COPYed into the reverse-lineage index meanwhile),
+   timed with what it waits for the members (`index_s`); publishing the file to the object
+   store is timed separately (`publish_s`); then alternately without the index and with it
+   again, for `index_cost_fraction` (best of two each);
 3. the load: `load_manifest` (memory map) timed, with the process's RSS before and after;
 4. the naive approach on a smaller corpus in the same run: real shard tars and shard indexes in
    the object store, walked file by file (list, GET each index, a ranged GET of one clip's
@@ -258,9 +260,21 @@ def bench_manifest(
             flt = ManifestFilter(verdicts=[])  # every clip: the timed build returns `rows`
             log("building the manifest")
             built = build_manifest(bench.database_libpq_url, engine, store, flt, out_dir)
+            # The same build without the reverse-lineage index, alternating with a rebuild
+            # with it (the rebuild's members are COPYed, then rolled back: already indexed).
+            bare = build_manifest(
+                bench.database_libpq_url, engine, store, flt, out_dir / "3", index=False
+            )
             again = build_manifest(bench.database_libpq_url, engine, store, flt, out_dir / "2")
+            bare_again = build_manifest(
+                bench.database_libpq_url, engine, store, flt, out_dir / "4", index=False
+            )
             engine.dispose()
-        build_s = built.query_s + built.explode_s + built.write_s
+        # The build includes waiting for its members (the COPY overlaps the write; what is
+        # left when the file is written is `index_s`).
+        build_s = built.query_s + built.explode_s + built.write_s + built.index_s
+        unindexed_s = min(b.query_s + b.explode_s + b.write_s for b in (bare, bare_again))
+        indexed_s = min(b.query_s + b.explode_s + b.write_s + b.index_s for b in (built, again))
 
         log("loading it (memory map)")
         rss_before = _rss_mb()
@@ -294,8 +308,13 @@ def bench_manifest(
             "write_s": round(built.write_s, 3),
             "publish_s": round(built.publish_s, 3),
             "file_mb": round(built.size_bytes / 2**20, 1),
-            "byte_identical_rebuild": again.manifest_id == built.manifest_id,
-            "rebuild_s": round(again.query_s + again.explode_s + again.write_s, 3),
+            "index_s": round(built.index_s, 3),
+            "indexed_episodes": built.indexed.episodes if built.indexed else 0,
+            "best_indexed_build_s": round(indexed_s, 3),
+            "best_unindexed_build_s": round(unindexed_s, 3),
+            "index_cost_fraction": round(indexed_s / unindexed_s - 1, 3),
+            "byte_identical_rebuild": again.manifest_id == built.manifest_id == bare.manifest_id,
+            "rebuild_s": round(again.query_s + again.explode_s + again.write_s + again.index_s, 3),
             "load_s": round(load_s, 4),
             "rss_delta_mb": round(rss_delta, 1),
             "scan_length_column_s": round(scan_s, 4),

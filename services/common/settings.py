@@ -119,6 +119,10 @@ class ReaderSettings(_Group):
     shuffle_buffer: int = Field(
         default=256, ge=0, description="clips mix within a window this wide (0/1: shard order)"
     )
+    run_name: str | None = Field(
+        default=None,
+        description="a training run: `open_reader` registers it as reading its manifest",
+    )
 
 
 class CurationSettings(_Group):

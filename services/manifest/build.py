@@ -1,6 +1,7 @@
 """Build a manifest: fetch the episode rows in one snapshot (services/manifest/snapshot.py),
 explode them into clip rows (services/manifest/explode.py), write the Arrow IPC file named by
-its sha256 (services/manifest/write.py), store it, record it in the warehouse.
+its sha256 (services/manifest/write.py), store it, record it in the warehouse with its members
+(services/manifest/index.py: COPYed in a background thread while the file is written).
 
 This module is the orchestration and the two effects that publish a manifest (object store,
 `manifests` row); the steps are pure or I/O of their own in the modules above.
@@ -11,13 +12,17 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
+import pyarrow as pa
 from sqlalchemy import Engine, select
 from sqlalchemy.dialects.postgresql import insert
 
 from services.common.objectstore import ObjectStore
 from services.manifest.explode import Exploder
+from services.manifest.index import Indexed, IndexFacts, ManifestRecord, MemberCopy, set_family
+from services.manifest.members import members_of_episodes
 from services.manifest.query import ManifestFilter, build_query
 from services.manifest.snapshot import Progress, fetch_episodes
 from services.manifest.write import schema_metadata, write_batches
@@ -35,8 +40,10 @@ class BuiltManifest:
     query_s: float  # query + transfer into Arrow
     explode_s: float  # episode-level dictionaries and the clip -> episode index
     write_s: float  # clip rows exploded batch by batch, IPC write, sha256
-    publish_s: float  # upload to the object store + warehouse row
+    publish_s: float  # upload to the object store + warehouse rows (+ waiting for the members)
     layers: dict[str, str]  # the layer versions pinned, resolved (kind -> version)
+    indexed: Indexed | None = None  # its members in the reverse-lineage index (None: not asked)
+    index_s: float = 0.0  # of publish_s: waiting for the members' COPY and committing them
 
 
 def record_manifest(
@@ -83,6 +90,11 @@ def resolve_layers(engine: Engine, flt: ManifestFilter) -> ManifestFilter:
     return flt.model_copy(update={"layers": resolve_versions(flt.layers, known)})
 
 
+def _members(episodes: pa.Table, exploder: Exploder) -> pa.Table:
+    """The manifest's members (run in the indexing thread: numpy work, the GIL released)."""
+    return members_of_episodes(episodes, exploder.parent, exploder.clip_indexes())
+
+
 def build_manifest(
     database_url: str,
     engine: Engine,
@@ -91,10 +103,17 @@ def build_manifest(
     out_dir: Path,
     progress: Progress | None = None,
     parallel: int = 2,
+    *,
+    family: str | None = None,
+    index: bool = True,
 ) -> BuiltManifest:
     """Fetch, explode, write, store and record the manifest of `flt`; the local file stays in
     `out_dir` as `<sha256>.arrow`. Layer versions given as `latest` are resolved first: the
-    file and its `manifests` row name the concrete ones."""
+    file and its `manifests` row name the concrete ones. With `index` (the default) its
+    members go into the reverse-lineage index in the transaction that records it; `family`
+    puts it in a family (FamilyConflictError if it is in another one already)."""
+    if family is not None and not index:
+        raise ValueError("a family needs the index (the held-out check reads members)")
     flt = resolve_layers(engine, flt)
     sql, params = build_query(flt)
     started = time.perf_counter()
@@ -103,18 +122,46 @@ def build_manifest(
     exploder = Exploder(episodes)
     schema = exploder.schema.with_metadata(schema_metadata(flt, sql))
     exploded = time.perf_counter()
+    members: MemberCopy | None = None
+    if index:
+        members = MemberCopy(database_url, partial(_members, episodes, exploder))
     staging = out_dir / "manifest.arrow.partial"
-    manifest_id = write_batches(schema, exploder.batches(reuse=True), staging)
+    try:
+        manifest_id = write_batches(schema, exploder.batches(reuse=True), staging)
+    except BaseException:
+        if members is not None:
+            members.abort()
+        raise
     rows = exploder.rows
-    del exploder, episodes
     final = out_dir / f"{manifest_id}.arrow"
     staging.replace(final)
     written = time.perf_counter()
     key = f"manifests/{manifest_id}.arrow"
     size = final.stat().st_size
-    if not store.exists(key):
-        store.put_file(key, final, content_type="application/vnd.apache.arrow.file")
-    record_manifest(engine, manifest_id, key, sql, params, rows, size, flt.layers)
+    try:
+        if not store.exists(key):
+            store.put_file(key, final, content_type="application/vnd.apache.arrow.file")
+    except BaseException:
+        if members is not None:
+            members.abort()
+        raise
+    indexed: Indexed | None = None
+    index_s = 0.0
+    if members is None:
+        record_manifest(engine, manifest_id, key, sql, params, rows, size, flt.layers)
+    else:
+        record = ManifestRecord(manifest_id, key, sql, params, rows, size, dict(flt.layers))
+        facts = IndexFacts(
+            family=family,
+            pipeline_version=flt.pipeline_version,
+            layer_versions=dict(flt.layers),
+            source="build",
+        )
+        committing = time.perf_counter()
+        indexed = members.commit(record, facts)
+        index_s = time.perf_counter() - committing
+        if family is not None and not indexed.new:
+            set_family(engine, manifest_id, family)
     return BuiltManifest(
         manifest_id,
         key,
@@ -126,4 +173,6 @@ def build_manifest(
         write_s=written - exploded,
         publish_s=time.perf_counter() - written,
         layers=dict(flt.layers),
+        indexed=indexed,
+        index_s=index_s,
     )

@@ -239,6 +239,13 @@ class Exploder:
     def rows(self) -> int:
         return len(self.parent)
 
+    def clip_indexes(self) -> NDArray[np.int32]:
+        """Every clip's index, in clip row order (native-endian copy of the packed field)."""
+        out = np.empty(self.rows, dtype=np.int32)
+        for view, start in zip(self.clips.views, self.clips.starts[:-1], strict=True):
+            out[int(start) : int(start) + len(view)] = view["clip_index"]
+        return out
+
     def buffers(self, size: int) -> dict[str, NDArray[Any]]:
         """Room for a batch of up to `size` clip rows: `batch(..., into=)` fills it, so a
         writer that is done with one batch before asking for the next reuses the same memory."""

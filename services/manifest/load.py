@@ -32,9 +32,27 @@ def manifest_metadata(table: pa.Table) -> dict[str, Any]:
         out["filter"] = json.loads(raw[b"egoline.manifest.filter"])
     if b"egoline.manifest.query" in raw:
         out["query"] = raw[b"egoline.manifest.query"].decode()
-    if b"egoline.manifest.layers" in raw:  # format version 5
-        out["layers"] = json.loads(raw[b"egoline.manifest.layers"])
+    out["layers"] = layer_versions(raw)  # format version 5; {} before
     return out
+
+
+# Where a manifest names the layer versions it pins, a JSON object {kind: resolved version}:
+# `egoline.manifest.layers` (format version 5, written by the layers build), or
+# `egoline.layers` (the key first agreed between the two halves of issue 19); read in that order.
+LAYERS_KEYS = (b"egoline.manifest.layers", b"egoline.layers")
+
+
+def layer_versions(metadata: dict[bytes, bytes] | None) -> dict[str, str]:
+    """The layer versions a manifest pins (`LAYERS_KEYS`); {} when absent. Raises ValueError
+    when the value is not a JSON object."""
+    found = [(metadata or {}).get(key) for key in LAYERS_KEYS]
+    raw = next((value for value in found if value is not None), None)
+    if raw is None:
+        return {}
+    value = json.loads(raw)
+    if not isinstance(value, dict):
+        raise ValueError(f"the layer versions are not a JSON object: {raw[:80]!r}")
+    return {str(kind): str(version) for kind, version in sorted(value.items())}
 
 
 def clip_key(episode_id: str, clip_index: int) -> str:

@@ -424,6 +424,67 @@ layer_labels = Table(
     Index("ix_layer_labels_episode", "version", "episode_id"),
 )
 
+# Reverse lineage (migration 0010; docs/warehouse.md "Reverse lineage"). One row per manifest
+# whose membership is indexed: a small surrogate number (the member rows carry 4 bytes, not the
+# 64-character id), its family (successive versions of one dataset: the held-out check compares
+# a manifest with the others of its family), the pipeline version it was built for and the
+# layer versions it pins (resolved at build, as `manifests.layers`; from the file's schema
+# metadata when indexed from it).
+indexed_manifests = Table(
+    "indexed_manifests",
+    metadata,
+    Column("manifest_no", Integer, primary_key=True),
+    Column(
+        "manifest_id",
+        String(64),
+        ForeignKey("manifests.manifest_id"),
+        nullable=False,
+        unique=True,
+    ),
+    Column("family", String(128)),
+    Column("pipeline_version", String(64), nullable=False),
+    Column("layer_versions", JSONB, nullable=False, server_default="{}"),
+    Column("episode_count", BigInteger, nullable=False),
+    Column("clip_count", BigInteger, nullable=False),
+    Column("source", String(16), nullable=False),  # build | file (`egoline manifest index`)
+    Column("indexed_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Index("ix_indexed_manifests_family", "family"),
+)
+
+# Which episodes (and which of their clips) each indexed manifest holds: one row per (manifest,
+# episode), the clips as a bitmap (bit i % 8 of byte i // 8, least significant first: clip
+# index i is in the manifest; services/manifest/members.py) and the split the manifest gave the
+# episode. Partitioned by manifest: each manifest's rows are one partition
+# (`manifest_members_<manifest_no>`), COPYed while the build writes the file, then indexed on
+# the episode in one sorted pass and attached. Maintaining one btree over every manifest's rows
+# instead cost 3-11 s per 1M rows on this machine (its keys interleave with every earlier
+# manifest's), a fresh partition's COPY + CREATE INDEX 1.8-2.8 s; a lookup probes each
+# partition's index (docs/warehouse.md "Reverse lineage"). No foreign key: the rows are written
+# in the transaction that records their `indexed_manifests` row and dropped with it.
+manifest_members = Table(
+    "manifest_members",
+    metadata,
+    Column("manifest_no", Integer, nullable=False),
+    Column("episode_id", String(128), nullable=False),
+    Column("split", String(16), nullable=False),
+    Column("clips", BYTEA, nullable=False),
+    postgresql_partition_by="LIST (manifest_no)",
+)
+
+# Training runs and the manifests they read (`egoline runs register`, or the reader given a run
+# name): one row per (run, manifest), the first registration kept.
+training_runs = Table(
+    "training_runs",
+    metadata,
+    Column("run_name", String(256), primary_key=True),
+    Column("manifest_id", String(64), ForeignKey("manifests.manifest_id"), primary_key=True),
+    Column("registered_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("host", String(256), nullable=False),
+    Column("username", String(128), nullable=False),
+    Column("note", Text, nullable=False, server_default=""),
+    Index("ix_training_runs_manifest", "manifest_id"),
+)
+
 
 def make_engine(settings: Settings) -> Engine:
     return create_engine(settings.database_sqlalchemy_url, pool_pre_ping=True)

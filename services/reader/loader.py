@@ -178,6 +178,19 @@ def manifest_table(manifest: Path | str, store: ObjectStore, cache: ClipCache) -
     return ipc.open_file(pa.BufferReader(pa.py_buffer(mapped))).read_all()
 
 
+def register_reader_run(settings: Settings, manifest: Path | str, run_name: str) -> None:
+    """Record in the warehouse that `run_name` reads `manifest` (a file, id or key)."""
+    from services.manifest.index import resolve_manifest_id
+    from services.manifest.runs import register_run
+    from services.metadata.warehouse import make_engine
+
+    engine = make_engine(settings)
+    try:
+        register_run(engine, run_name, resolve_manifest_id(str(manifest)), note="reader")
+    finally:
+        engine.dispose()
+
+
 def open_reader(
     manifest: Path | str,
     settings: Settings | None = None,
@@ -187,13 +200,22 @@ def open_reader(
     shuffle_buffer: int | None = None,
     prefetch: int | None = None,
     store: ObjectStore | None = None,
+    run_name: str | None = None,
 ) -> ClipLoader:
     """A `ClipLoader` for a manifest (a local Arrow file or its `manifests/...` key), with the
-    node cache, prefetch depth and shuffle window from settings unless given."""
+    node cache, prefetch depth and shuffle window from settings unless given.
+
+    With a run name (`run_name`, else `EGOLINE_READER_RUN_NAME`) the run is registered in the
+    warehouse as reading this manifest (`egoline lineage --episode ID --used-by` then lists
+    it); every rank and worker may do so, the first registration is kept. Raises
+    UnknownManifestError (a ValueError) when the warehouse does not know the manifest."""
     settings = settings or get_settings()
     store = store or object_store(settings)
     cache = clip_cache(settings, store)
     table = manifest_table(manifest, store, cache)
+    run = run_name if run_name is not None else settings.reader.run_name
+    if run:
+        register_reader_run(settings, manifest, run)
     return ClipLoader(
         table,
         cache,

@@ -19,8 +19,10 @@ from services.cli import app
 from services.common.objectstore import object_store
 from services.common.settings import Settings, reset_settings_cache
 from services.manifest.build import BuiltManifest, build_manifest
+from services.manifest.diff import diff_manifests
 from services.manifest.load import load_manifest, manifest_metadata
 from services.manifest.query import ManifestFilter
+from services.manifest.runs import used_by
 from services.metadata.warehouse import make_engine, upgrade
 from services.stack.fleet import Fleet
 from tests.fixtures.polling import wait_for
@@ -234,6 +236,15 @@ def test_a_pinned_manifest_is_byte_identical_after_a_newer_version_and_latest_mo
     recorded: dict[str, Any] = {str(m): layers for m, layers in found}
     assert recorded[first.manifest_id] == {"calibration": "v1"}
     assert recorded[latest.manifest_id] == {"calibration": "v2"}
+
+    # reverse lineage names the layer versions each manifest holding the episode pinned
+    uses, _ = used_by(make_engine(settings), EPISODES[0])
+    assert {u.manifest_id: u.layer_versions for u in uses} == {
+        first.manifest_id: {"calibration": "v1"},
+        latest.manifest_id: {"calibration": "v2"},
+    }
+    diff = diff_manifests(load_manifest(first.local_path), load_manifest(latest.local_path))
+    assert diff.layers_changed == {"calibration": ("v1", "v2")} and not diff.episodes_added
 
 
 def test_the_label_filter_selects_exactly_the_labelled_episodes(
