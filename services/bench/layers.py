@@ -34,10 +34,13 @@ import pyarrow.parquet as pq
 from sqlalchemy import Engine
 
 from schemas.layers import LayerKind
+from services.bench.lineage_bench import forget_lineage, time_used_by
 from services.bench.manifest import CLIPS_PER_EPISODE, bench_database
 from services.common.objectstore import ObjectStore, object_store
 from services.common.settings import Settings
 from services.manifest.build import BuiltManifest, build_manifest
+from services.manifest.diff import diff_manifests
+from services.manifest.load import load_manifest
 from services.manifest.query import ManifestFilter
 from services.metadata.layer_ingest import read_layer_file, store_layer
 from services.metadata.warehouse import make_engine
@@ -62,8 +65,56 @@ class LayersBenchRun:
 
 
 BenchStep = Callable[[LayersBenchRun, Log], dict[str, Any]]
+
+#: `--used-by` is timed after this many manifests are registered (issue 19's figure)
+USED_BY_MANIFESTS = 100
+USED_BY_LOOKUPS = 1000
+
+
+def diff_step(run: LayersBenchRun, log: Log) -> dict[str, Any]:
+    """`manifest diff` of the unpinned manifest against the pinned one (memory-mapped files,
+    no SQL): the same clips, the calibration layer dropped."""
+    log("diffing the pinned manifest against the unpinned one")
+    started = time.perf_counter()
+    diff = diff_manifests(
+        load_manifest(run.pinned.local_path), load_manifest(run.unpinned.local_path)
+    )
+    diff_s = time.perf_counter() - started
+    return {
+        "diff_s": round(diff_s, 3),
+        "diff_identical_clips": not (
+            diff.episodes_added or diff.episodes_removed or diff.episodes_changed
+        ),
+        "diff_layers_changed": {k: list(v) for k, v in diff.layers_changed.items()},
+    }
+
+
+def used_by_step(run: LayersBenchRun, log: Log) -> dict[str, Any]:
+    """`lineage --episode ID --used-by` for random episodes once `USED_BY_MANIFESTS`
+    manifests (the pinned and unpinned ones built here, the rest indexed from seeded
+    memberships) are registered with a training run each."""
+    figures = time_used_by(
+        run.settings,
+        run.engine,
+        [run.pinned.manifest_id, run.unpinned.manifest_id],
+        USED_BY_MANIFESTS,
+        1.0,
+        USED_BY_LOOKUPS,
+        log,
+    )
+    return {
+        "used_by_manifests": figures["manifests"],
+        "used_by_member_rows": figures["member_rows"],
+        "used_by_lookups": figures["lookups"],
+        "used_by_wrong_answers": figures["wrong_answers"],
+        "used_by_p50_ms": figures["used_by_p50_ms"],
+        "used_by_p99_ms": figures["used_by_p99_ms"],
+        "used_by_max_ms": figures["used_by_max_ms"],
+    }
+
+
 # Steps run after the builds, in order, each returning fields for the JSON line.
-AFTER_BUILD_STEPS: list[BenchStep] = []
+AFTER_BUILD_STEPS: list[BenchStep] = [diff_step, used_by_step]
 
 
 def calibration_row(episode: int, version: int) -> dict[str, Any]:
@@ -146,6 +197,7 @@ def bench_layers(settings: Settings, episodes: int, keep: bool, log: Log) -> dic
     try:
         rows = episodes * CLIPS_PER_EPISODE
         with bench_database(settings, rows, keep, log, suffix="_bench_layers") as bench:
+            forget_lineage(bench)  # a kept database: what an earlier run indexed
             jsonl, parquet = out_dir / "calibration-v1.jsonl", out_dir / "calibration-v2.parquet"
             jsonl_bytes = write_jsonl(jsonl, episodes, 1)
             parquet_bytes = write_parquet(parquet, episodes, 2)

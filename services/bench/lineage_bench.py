@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import psycopg
 import pyarrow as pa
+from sqlalchemy import Engine
 
 from services.bench.manifest import CLIPS_PER_EPISODE, Log, bench_database
 from services.common.objectstore import object_store
@@ -42,7 +43,7 @@ from services.metadata.warehouse import make_engine
 FAMILY = "bench-used-by"
 
 
-def _forget_lineage(settings: Settings) -> None:
+def forget_lineage(settings: Settings) -> None:
     """Drop what an earlier run of this benchmark indexed in a kept database."""
     with psycopg.connect(settings.database_libpq_url, autocommit=True) as conn:
         for (number,) in conn.execute("SELECT manifest_no FROM indexed_manifests").fetchall():
@@ -77,10 +78,9 @@ def bench_used_by(
     seed: int = 19,
 ) -> dict[str, Any]:
     out_dir = Path(tempfile.mkdtemp(prefix="egoline-bench-used-by-"))
-    rng = np.random.default_rng(seed)
     try:
         with bench_database(settings, episodes * CLIPS_PER_EPISODE, keep, log) as bench:
-            _forget_lineage(bench)
+            forget_lineage(bench)
             engine = make_engine(bench)
             store = object_store(bench)
             log("building one manifest for real (members COPYed during the write)")
@@ -93,81 +93,107 @@ def bench_used_by(
                 family=FAMILY,
             )
             store.delete(built.object_key)
-            register_run(engine, "bench-run-0000", built.manifest_id)
-            every = _episodes(bench)
-            count = every.num_rows
-            holds = np.ones((manifests, count), dtype=bool)
-            full = clip_bitmaps(
-                np.repeat(np.arange(count), CLIPS_PER_EPISODE),
-                np.tile(np.arange(CLIPS_PER_EPISODE), count),
-                count,
-            )
-            members = every.append_column("clips", full)
-            ids = [built.manifest_id]
-            started = time.perf_counter()
-            for k in range(1, manifests):
-                holds[k] = rng.random(count) < share
-                part = members.filter(pa.array(holds[k]))
-                manifest_id = hashlib.sha256(f"bench-used-by-{seed}-{k}".encode()).hexdigest()
-                record = ManifestRecord(
-                    manifest_id,
-                    f"manifests/{manifest_id}.arrow",
-                    "-- seeded by bench used-by",
-                    [],
-                    part.num_rows * CLIPS_PER_EPISODE,
-                    0,
+            try:
+                figures = time_used_by(
+                    bench, engine, [built.manifest_id], manifests, share, lookups, log, seed
                 )
-                facts = IndexFacts(FAMILY, "v1", {"calibration": f"v{k}"}, "build")
-                MemberCopy(bench.database_libpq_url, _given(part)).commit(record, facts)
-                register_run(engine, f"bench-run-{k:04d}", manifest_id, note="seeded")
-                ids.append(manifest_id)
-                if k % 10 == 0 or k == manifests - 1:
-                    log(f"indexed {k + 1}/{manifests} manifests")
-            index_all_s = time.perf_counter() - started
-            with psycopg.connect(bench.database_libpq_url, autocommit=True) as conn:
-                conn.execute("ANALYZE manifest_members")
-                found = conn.execute(
-                    "SELECT count(*), sum(pg_total_relation_size(relid)) "
-                    "FROM pg_partition_tree('manifest_members') WHERE isleaf"
-                ).fetchone()
-                member_rows = conn.execute("SELECT count(*) FROM manifest_members").fetchone()
-            assert found is not None and member_rows is not None
-            log(f"timing used-by for {lookups:,} random episodes")
-            picks = rng.integers(0, count, size=lookups)
-            names = every.column("episode_id").to_pylist()
-            timings: list[float] = []
-            wrong = 0
-            used_by(engine, names[0])  # the pool's connection, opened outside the timing
-            for pick in picks:
-                begun = time.perf_counter()
-                uses, runs = used_by(engine, names[int(pick)])
-                timings.append((time.perf_counter() - begun) * 1000)
-                expected = {ids[k] for k in np.flatnonzero(holds[:, int(pick)])}
-                if {u.manifest_id for u in uses} != expected or len(runs) != len(expected):
-                    wrong += 1
-            log("checking the last manifest's held-out integrity against the family")
-            begun = time.perf_counter()
-            report = check_heldout(engine, ids[-1], "session")
-            check_s = time.perf_counter() - begun
-            engine.dispose()
+            finally:
+                engine.dispose()
         return {
-            "episodes": count,
-            "manifests": manifests,
-            "share": share,
-            "member_rows": int(member_rows[0]),
-            "partitions": int(found[0]),
-            "index_mb": round(int(found[1] or 0) / 2**20, 1),
             "build_s": round(built.query_s + built.explode_s + built.write_s, 3),
             "build_index_s": round(built.index_s, 3),
-            "index_s_per_manifest": round(index_all_s / max(manifests - 1, 1), 3),
-            "lookups": lookups,
-            "wrong_answers": wrong,
-            "mean_manifests_per_episode": round(float(holds.sum(axis=0).mean()), 1),
-            "used_by_p50_ms": _percentile(timings, 50),
-            "used_by_p99_ms": _percentile(timings, 99),
-            "used_by_max_ms": round(max(timings), 3),
-            "check_s": round(check_s, 3),
-            "check_ok": report.ok,  # with share 1.0 every manifest holds the same episodes
+            **figures,
         }
     finally:
         shutil.rmtree(out_dir, ignore_errors=True)
+
+
+def time_used_by(
+    bench: Settings,
+    engine: Engine,
+    built_ids: list[str],
+    manifests: int,
+    share: float,
+    lookups: int,
+    log: Log,
+    seed: int = 19,
+) -> dict[str, Any]:
+    """On a seeded warehouse where `built_ids` are manifests already built (and indexed) over
+    every episode: index `manifests - len(built_ids)` more, each holding a random `share` of
+    the episodes, register one run per manifest, time `used_by` for `lookups` random episodes
+    (each answer checked against the membership) and `manifest check` of the last manifest."""
+    rng = np.random.default_rng(seed)
+    for k, manifest_id in enumerate(built_ids):
+        register_run(engine, f"bench-run-{k:04d}", manifest_id)
+    every = _episodes(bench)
+    count = every.num_rows
+    holds = np.ones((manifests, count), dtype=bool)
+    full = clip_bitmaps(
+        np.repeat(np.arange(count), CLIPS_PER_EPISODE),
+        np.tile(np.arange(CLIPS_PER_EPISODE), count),
+        count,
+    )
+    members = every.append_column("clips", full)
+    ids = list(built_ids)
+    started = time.perf_counter()
+    for k in range(len(built_ids), manifests):
+        holds[k] = rng.random(count) < share
+        part = members.filter(pa.array(holds[k]))
+        manifest_id = hashlib.sha256(f"bench-used-by-{seed}-{k}".encode()).hexdigest()
+        record = ManifestRecord(
+            manifest_id,
+            f"manifests/{manifest_id}.arrow",
+            "-- seeded by bench used-by",
+            [],
+            part.num_rows * CLIPS_PER_EPISODE,
+            0,
+        )
+        facts = IndexFacts(FAMILY, "v1", {"calibration": f"v{k}"}, "build")
+        MemberCopy(bench.database_libpq_url, _given(part)).commit(record, facts)
+        register_run(engine, f"bench-run-{k:04d}", manifest_id, note="seeded")
+        ids.append(manifest_id)
+        if k % 10 == 0 or k == manifests - 1:
+            log(f"indexed {k + 1}/{manifests} manifests")
+    index_all_s = time.perf_counter() - started
+    with psycopg.connect(bench.database_libpq_url, autocommit=True) as conn:
+        conn.execute("ANALYZE manifest_members")
+        found = conn.execute(
+            "SELECT count(*), sum(pg_total_relation_size(relid)) "
+            "FROM pg_partition_tree('manifest_members') WHERE isleaf"
+        ).fetchone()
+        member_rows = conn.execute("SELECT count(*) FROM manifest_members").fetchone()
+    assert found is not None and member_rows is not None
+    log(f"timing used-by for {lookups:,} random episodes")
+    picks = rng.integers(0, count, size=lookups)
+    names = every.column("episode_id").to_pylist()
+    timings: list[float] = []
+    wrong = 0
+    used_by(engine, names[0])  # the pool's connection, opened outside the timing
+    for pick in picks:
+        begun = time.perf_counter()
+        uses, runs = used_by(engine, names[int(pick)])
+        timings.append((time.perf_counter() - begun) * 1000)
+        expected = {ids[k] for k in np.flatnonzero(holds[:, int(pick)])}
+        if {u.manifest_id for u in uses} != expected or len(runs) != len(expected):
+            wrong += 1
+    log("checking the last manifest's held-out integrity against the family")
+    begun = time.perf_counter()
+    report = check_heldout(engine, ids[-1], "session")
+    check_s = time.perf_counter() - begun
+    return {
+        "episodes": count,
+        "manifests": manifests,
+        "share": share,
+        "member_rows": int(member_rows[0]),
+        "partitions": int(found[0]),
+        "index_mb": round(int(found[1] or 0) / 2**20, 1),
+        "index_s_per_manifest": round(index_all_s / max(manifests - 1, 1), 3),
+        "lookups": lookups,
+        "wrong_answers": wrong,
+        "mean_manifests_per_episode": round(float(holds.sum(axis=0).mean()), 1),
+        "used_by_p50_ms": _percentile(timings, 50),
+        "used_by_p99_ms": _percentile(timings, 99),
+        "used_by_max_ms": round(max(timings), 3),
+        "check_s": round(check_s, 3),
+        "check_ok": report.ok,  # with share 1.0 every manifest holds the same episodes
+    }

@@ -1,8 +1,8 @@
 """reverse lineage: indexed manifests (family, layer versions), their member episodes and clips,
 and the training runs that read them
 
-Revision ID: 0010
-Revises: 0009
+Revision ID: 0011
+Revises: 0010
 Create Date: 2026-12-04 22:40:00
 
 Manifests built before this revision have no member rows: `egoline lineage --used-by` does not
@@ -15,8 +15,8 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
-revision = "0010"
-down_revision = "0009"
+revision = "0011"
+down_revision = "0010"
 branch_labels = None
 depends_on = None
 
