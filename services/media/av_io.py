@@ -854,11 +854,19 @@ def stream_layout(source: Path | bytes) -> list[tuple[int, str, str]]:
         raise ProbeError(f"cannot open container: {exc}") from exc
 
 
-def decode_frames(data: bytes) -> Iterator[NDArray[np.uint8]]:
-    """Decode every frame of the first video stream of an in-memory container, as RGB arrays."""
+def decode_frames(data: bytes, max_frames: int | None = None) -> Iterator[NDArray[np.uint8]]:
+    """Decode the frames of the first video stream of an in-memory container, as RGB arrays:
+    every frame, or the first `max_frames` (decoding stops there; a clip starts on a keyframe,
+    so no earlier frame is needed)."""
+    if max_frames is not None and max_frames < 0:
+        raise ValueError("max_frames must be >= 0")
+    if max_frames == 0:
+        return
     with av.open(io.BytesIO(data), mode="r") as container:
-        for frame in container.decode(video=0):
+        for count, frame in enumerate(container.decode(video=0), start=1):
             yield cast(NDArray[np.uint8], frame.to_ndarray(format="rgb24"))
+            if count == max_frames:
+                return
 
 
 def corrupt_keyframes(source: Path, dest: Path, seed: int, every: int = 2) -> int:
