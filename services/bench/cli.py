@@ -114,6 +114,10 @@ def bench_first_batch(
     frames_per_clip: Annotated[
         int, typer.Option(min=0, help="frames decoded per clip (0: every frame)")
     ] = 16,
+    frame_height: Annotated[
+        int, typer.Option(min=0, help="frames scaled to this many rows, aspect kept (0: as stored)")
+    ] = 224,
+    workers: Annotated[int, typer.Option(min=1, help="readers (threads) sharing the order")] = 2,
     real_shards: Annotated[int, typer.Option(min=1, help="real shards the rows reuse")] = 2,
     clips_per_shard: Annotated[int, typer.Option(min=1, help="real clips a shard")] = 256,
     clip_s: Annotated[int, typer.Option(min=1, help="real clip length, seconds")] = 10,
@@ -131,8 +135,8 @@ def bench_first_batch(
 
     del as_json
     shape = BenchShape(
-        episodes, batch, frames_per_clip, real_shards, clips_per_shard, clip_s, width, height,
-        naive_rows,
+        episodes, batch, frames_per_clip, frame_height, workers, real_shards, clips_per_shard,
+        clip_s, width, height, naive_rows,
     )  # fmt: skip
     result = _run_bench(lambda settings, log: run(settings, shape, keep, log=log))
     if not result["frame_counts_ok"]:

@@ -31,6 +31,7 @@ import shutil
 import tempfile
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -72,6 +73,8 @@ class BenchShape:
     episodes: int
     batch: int = 64
     frames_per_clip: int = 16  # 0: every frame of each clip
+    frame_height: int = 224  # frames scaled to this many rows, aspect kept (0: as stored)
+    workers: int = 2  # readers sharing the order, as a DataLoader's workers
     real_shards: int = 2
     clips_per_shard: int = 256
     clip_s: int = 10
@@ -80,8 +83,10 @@ class BenchShape:
     naive_rows: int = 5120
 
     def __post_init__(self) -> None:
-        if self.episodes < 1 or self.batch < 1 or self.frames_per_clip < 0:
-            raise ValueError("episodes and batch must be >= 1, frames_per_clip >= 0")
+        if self.episodes < 1 or self.batch < 1 or self.workers < 1:
+            raise ValueError("episodes, batch and workers must be >= 1")
+        if self.frames_per_clip < 0 or self.frame_height < 0:
+            raise ValueError("frames_per_clip and frame_height must be >= 0")
         if self.real_shards < 1 or self.clips_per_shard < 1:
             raise ValueError("real_shards and clips_per_shard must be >= 1")
 
@@ -158,13 +163,17 @@ class FirstBatch:
     read_s: float  # the whole batch read and decoded
 
 
-def first_batch(loader: ClipLoader, batch: int) -> FirstBatch:
-    """The first `batch` clips of epoch 0 through the reader, decoded, as one array."""
-    started = time.perf_counter()
-    first_clip_s = 0.0
+def _read_part(
+    loader: ClipLoader, part: int, parts: int, count: int, started: float
+) -> tuple[list[NDArray[np.uint8]], list[dict[str, Any]], float]:
+    """The first `count` clips of reader `part` of `parts` (epoch 0), decoded; and the time
+    from `started` to its first clip."""
     frames: list[NDArray[np.uint8]] = []
     rows: list[dict[str, Any]] = []
-    clips = loader.clips(epoch=0)
+    first_clip_s = 0.0
+    if count == 0:
+        return frames, rows, first_clip_s
+    clips = loader.clips(epoch=0, part=part, parts=parts)
     try:
         for clip in clips:
             if clip.frames is None:
@@ -173,15 +182,42 @@ def first_batch(loader: ClipLoader, batch: int) -> FirstBatch:
             rows.append(clip.row)
             if len(rows) == 1:
                 first_clip_s = time.perf_counter() - started
-            if len(rows) == batch:
+            if len(rows) == count:
                 break
     finally:
-        clips.close()  # stops the prefetcher at the batch
+        clips.close()  # stops this reader's prefetcher at the batch
+    return frames, rows, first_clip_s
+
+
+def first_batch(loader: ClipLoader, batch: int, workers: int = 1) -> FirstBatch:
+    """The first `batch` clips of epoch 0 through the reader, decoded, as one array.
+
+    `workers` readers share the order as a DataLoader's workers do (`parts`: reader w takes
+    positions w, w + workers, ...), each in its own thread with its own prefetcher (PyAV
+    decodes without the GIL); the batch is positions 0..batch-1 of the epoch, as with one."""
+    if workers < 1:
+        raise ValueError("workers must be >= 1")
+    started = time.perf_counter()
+    with ThreadPoolExecutor(workers) as pool:
+        parts = list(
+            pool.map(
+                lambda w: _read_part(loader, w, workers, len(range(w, batch, workers)), started),
+                range(workers),
+            )
+        )
+    frames: list[NDArray[np.uint8]] = []
+    rows: list[dict[str, Any]] = []
+    for k in range(max(len(p[0]) for p in parts)):  # back to epoch order: position w + k * W
+        for part_frames, part_rows, _ in parts:
+            if k < len(part_rows):
+                frames.append(part_frames[k])
+                rows.append(part_rows[k])
     if not frames:
         raise ValueError("the manifest has no rows")
     decoded = [len(f) for f in frames]
     usable = min(decoded)  # a batch array needs one frame count (all equal when checks pass)
     stacked = np.stack([f[:usable] for f in frames])
+    first_clip_s = min(p[2] for p in parts if p[1])
     return FirstBatch(stacked, rows, decoded, first_clip_s, time.perf_counter() - started)
 
 
@@ -236,9 +272,10 @@ def bench_first_batch(
             prefetch=settings.reader.prefetch_clips,
             decode=True,
             frames_per_clip=frames_per_clip,
+            frame_height=shape.frame_height or None,
         )
         loader_s = time.perf_counter() - batch_started
-        got = first_batch(loader, shape.batch)
+        got = first_batch(loader, shape.batch, shape.workers)
         first_batch_s = time.perf_counter() - batch_started
         fetched = store.bytes_read - fetched_before
         load_after = os.getloadavg()
@@ -285,6 +322,8 @@ def bench_first_batch(
         "time_to_first_batch_s": round(time_to_first_batch_s, 3),
         "batch": len(got.rows),
         "frames_per_clip": shape.frames_per_clip,
+        "frame_height": shape.frame_height,
+        "workers": shape.workers,
         "batch_shape": list(got.frames.shape),
         "frames_decoded": sum(got.decoded),
         "frames_expected": sum(expected),

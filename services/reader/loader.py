@@ -110,6 +110,7 @@ class ClipLoader:
         prefetch: int = 16,
         decode: bool = False,
         frames_per_clip: int | None = None,
+        frame_height: int | None = None,
     ) -> None:
         missing = [c for c in REQUIRED_COLUMNS if c not in table.column_names]
         if missing:
@@ -123,6 +124,7 @@ class ClipLoader:
         if frames_per_clip is not None and frames_per_clip < 1:
             raise ValueError("frames_per_clip must be >= 1 (None: every frame)")
         self.frames_per_clip = frames_per_clip
+        self.frame_height = frame_height
         self.shard_of_clip = shard_ids(shard_labels(table.column("shard_key")))
         self.prefetch_errors = 0
 
@@ -172,7 +174,7 @@ class ClipLoader:
 
     def read(self, index: int) -> Clip:
         """Row `index`'s clip (frames decoded when the loader was built with `decode=True`:
-        every frame, or the first `frames_per_clip`)."""
+        every frame, or the first `frames_per_clip`; scaled to `frame_height` rows if set)."""
         row = self.row(index)
         with self.cache.open(clip_span(row)) as handle:
             clip = split_clip(handle, row)
@@ -180,7 +182,7 @@ class ClipLoader:
             return clip
         from services.media.av_io import decode_frames  # PyAV only when frames are wanted
 
-        frames = np.stack(list(decode_frames(clip.mp4, self.frames_per_clip)))
+        frames = np.stack(list(decode_frames(clip.mp4, self.frames_per_clip, self.frame_height)))
         return replace(clip, frames=frames)
 
     def stats(self) -> dict[str, Any]:
