@@ -103,13 +103,16 @@ def real_layout(store: ObjectStore, manifest: Path) -> SeedLayout:
         if info is None:
             raise RuntimeError(f"real shard {key} is not in the object store")
         sizes.append(info.size)
+    counts = [column["shard_key"].count(k) for k in keys]
+    if len(set(counts)) != 1 or column["shard_key"] != [k for k in keys for _ in range(counts[0])]:
+        raise ValueError("the seed needs real shards of equal clip counts, laid out in order")
     params: dict[str, Any] = {
         "slots": table.num_rows,
+        "slots_per_shard": counts[0],
         "shard_keys": keys,
         "shard_sha256": [k.rsplit("/", 1)[1].removesuffix(".tar") for k in keys],
         "shard_bytes": sizes,
-        "shard_clips": [column["shard_key"].count(k) for k in keys],
-        "slot_shard_key": column["shard_key"],
+        "shard_clips": counts,
         "slot_mp4_offset": column["byte_offset"],
         "slot_mp4_length": column["length"],
         "slot_imu_offset": column["imu_offset"],

@@ -11,21 +11,21 @@ FROM unnest(%(shard_keys)s::text[], %(shard_sha256)s::text[], %(shard_bytes)s::i
             %(shard_clips)s::int4[]) AS r(k, h, b, n);
 
 -- step: clips
+-- Array subscripts, not a join: rows come out (and lie on disk) in clip order, as in
+-- manifest_seed.sql (a hash join scattered them by slot, and the refresh of manifest_episodes
+-- then took minutes instead of seconds per slice of 50k episodes). Fixed-width arrays index in
+-- O(1); the shard key is looked up among the few real shards.
 INSERT INTO clips (clip_key, pipeline_version, episode_id, shard_key, clip_index, start_s,
                    duration_s, frame_count, mp4_offset, mp4_length, imu_offset, imu_length,
                    json_offset, json_length)
 SELECT ep || '_' || lpad(k::text, 5, '0'), 'v1', ep,
-       l.shard_key, k, k * l.duration_s, l.duration_s, l.frame_count,
-       l.mp4_offset, l.mp4_length, l.imu_offset, l.imu_length, l.json_offset, l.json_length
-FROM generate_series(0, %(rows)s - 1) i
-JOIN (SELECT ordinality - 1 AS slot, *
-      FROM unnest(%(slot_shard_key)s::text[], %(slot_mp4_offset)s::int8[],
-                  %(slot_mp4_length)s::int8[], %(slot_imu_offset)s::int8[],
-                  %(slot_imu_length)s::int8[], %(slot_json_offset)s::int8[],
-                  %(slot_json_length)s::int8[], %(slot_frame_count)s::int4[],
-                  %(slot_duration_s)s::float8[])
-           WITH ORDINALITY AS u(shard_key, mp4_offset, mp4_length, imu_offset, imu_length,
-                                json_offset, json_length, frame_count, duration_s)) l
-  ON l.slot = i %% %(slots)s,
+       (%(shard_keys)s::text[])[1 + j / %(slots_per_shard)s],
+       k, k * (%(slot_duration_s)s::float8[])[1 + j], (%(slot_duration_s)s::float8[])[1 + j],
+       (%(slot_frame_count)s::int4[])[1 + j],
+       (%(slot_mp4_offset)s::int8[])[1 + j], (%(slot_mp4_length)s::int8[])[1 + j],
+       (%(slot_imu_offset)s::int8[])[1 + j], (%(slot_imu_length)s::int8[])[1 + j],
+       (%(slot_json_offset)s::int8[])[1 + j], (%(slot_json_length)s::int8[])[1 + j]
+FROM generate_series(0, %(rows)s - 1) i,
      LATERAL (SELECT 'ep' || lpad((i / %(per_episode)s)::text, 9, '0') AS ep,
-                     i %% %(per_episode)s AS k) x;
+                     i %% %(per_episode)s AS k,
+                     i %% %(slots)s AS j) x;
