@@ -147,6 +147,44 @@ def bench_used_by(
     )
 
 
+@bench_app.command("first-batch")
+def bench_first_batch(
+    episodes: Annotated[int, typer.Option(min=100, help="episodes to seed (10 clips each)")] = (
+        1_000_000
+    ),
+    batch: Annotated[int, typer.Option(min=1, help="clips in the training batch")] = 64,
+    frames_per_clip: Annotated[
+        int, typer.Option(min=0, help="frames decoded per clip (0: every frame)")
+    ] = 16,
+    frame_height: Annotated[
+        int, typer.Option(min=0, help="frames scaled to this many rows, aspect kept (0: as stored)")
+    ] = 224,
+    workers: Annotated[int, typer.Option(min=1, help="readers (threads) sharing the order")] = 2,
+    real_shards: Annotated[int, typer.Option(min=1, help="real shards the rows reuse")] = 2,
+    clips_per_shard: Annotated[int, typer.Option(min=1, help="real clips a shard")] = 256,
+    clip_s: Annotated[int, typer.Option(min=1, help="real clip length, seconds")] = 10,
+    width: int = 1280,
+    height: int = 720,
+    naive_rows: Annotated[int, typer.Option(min=256, help="rows for the naive walk")] = 5120,
+    keep: Annotated[bool, typer.Option(help="keep the seeded database and real shards")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="only the JSON line on stdout")] = False,
+) -> None:
+    """Time to first batch: manifest build + load + the first training batch decoded through
+    the reader from the object store, cold cache, over N seeded episodes whose clip rows reuse
+    real clips. Exit 1 unless every clip decoded to the frames its row says."""
+    from services.bench.first_batch import BenchShape
+    from services.bench.first_batch import bench_first_batch as run
+
+    del as_json
+    shape = BenchShape(
+        episodes, batch, frames_per_clip, frame_height, workers, real_shards, clips_per_shard,
+        clip_s, width, height, naive_rows,
+    )  # fmt: skip
+    result = _run_bench(lambda settings, log: run(settings, shape, keep, log=log))
+    if not result["frame_counts_ok"]:
+        raise typer.Exit(1)
+
+
 @bench_app.command("formats")
 def bench_formats(
     seed: Annotated[int, typer.Option(help="-1: fresh episode ids each run")] = -1,

@@ -25,6 +25,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -54,17 +55,22 @@ Log = Callable[[str], None]
 
 @contextlib.contextmanager
 def bench_database(
-    settings: Settings, rows: int, keep: bool, log: Log, suffix: str = "_bench_manifest"
+    settings: Settings,
+    rows: int,
+    keep: bool,
+    log: Log,
+    suffix: str = "_bench_manifest",
+    layout: SeedLayout | None = None,
 ) -> Iterator[Settings]:
-    """A migrated database beside the warehouse (`<db><suffix>`) holding `rows` seeded clips:
-    a kept one from an earlier run with `--keep` if it has exactly that, else a fresh one
-    seeded now. Dropped afterwards unless `keep`."""
+    """A migrated database beside the warehouse holding `rows` seeded clips: a kept one from an
+    earlier run with `--keep` if it has exactly that (and, with a `layout`, references exactly
+    its shards), else a fresh one seeded now. Dropped afterwards unless `keep`."""
     base, _, current = settings.database_libpq_url.rpartition("/")
     name = current.split("?")[0] + suffix
     admin, url = f"{base}/postgres", f"{base}/{name}"
     drop = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
     bench = settings.model_copy(update={"database_url": url})
-    if _seeded_rows(bench) == rows:
+    if _seeded_rows(bench) == rows and (layout is None or _seeded_shards(bench) == layout.keys):
         log(f"reusing the {rows:,} rows kept in {name}")
         upgrade(bench)
     else:
@@ -73,7 +79,7 @@ def bench_database(
             conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
         upgrade(bench)
         log(f"seeding {rows:,} clip rows (not timed)")
-        seed(bench, rows, log)
+        seed(bench, rows, log, layout)
     try:
         yield bench
     finally:
@@ -91,13 +97,46 @@ def _seeded_rows(settings: Settings) -> int | None:
     return int(found[0]) if found and found[0] is not None else None
 
 
-def seed_steps() -> list[tuple[str, str]]:
-    """(label, statement) of the bulk load, from `manifest_seed.sql`."""
+def _seeded_shards(settings: Settings) -> tuple[str, ...] | None:
+    try:
+        with psycopg.connect(settings.database_libpq_url) as conn:
+            keys = conn.execute("SELECT shard_key FROM shards ORDER BY shard_key").fetchall()
+    except psycopg.Error:
+        return None
+    return tuple(str(k) for (k,) in keys)
+
+
+@dataclass(frozen=True)
+class SeedLayout:
+    """Where seeded clips point instead of the synthetic geometry: steps of another SQL file
+    replacing those of `manifest_seed.sql` with the same label, and their extra parameters
+    (e.g. real shards and byte ranges: `services/bench/first_batch.py`)."""
+
+    sql: Path
+    params: dict[str, Any]
+    keys: tuple[str, ...]  # the shard keys the seeded rows reference, sorted
+
+
+def read_steps(path: Path) -> list[tuple[str, str]]:
+    """(label, statement) of a seed file: blocks starting with `-- step: <label>`."""
     steps: list[tuple[str, str]] = []
-    for block in SEED_SQL.read_text().split("-- step: ")[1:]:
+    for block in path.read_text().split("-- step: ")[1:]:
         label, _, statement = block.partition("\n")
         steps.append((label.strip(), statement.strip().rstrip(";")))
     return steps
+
+
+def seed_steps(layout: SeedLayout | None = None) -> list[tuple[str, str]]:
+    """(label, statement) of the bulk load, from `manifest_seed.sql`, with the steps of the
+    layout's file (if any) in place of the same-labelled ones."""
+    steps = read_steps(SEED_SQL)
+    if layout is None:
+        return steps
+    replaced = dict(read_steps(layout.sql))
+    unknown = set(replaced) - {label for label, _ in steps}
+    if unknown:
+        raise ValueError(f"{layout.sql.name} replaces no step named {sorted(unknown)}")
+    return [(label, replaced.get(label, statement)) for label, statement in steps]
 
 
 def seed_parameters(rows: int) -> dict[str, int]:
@@ -113,15 +152,16 @@ def seed_parameters(rows: int) -> dict[str, int]:
     }
 
 
-def seed(settings: Settings, rows: int, log: Log) -> None:
+def seed(settings: Settings, rows: int, log: Log, layout: SeedLayout | None = None) -> None:
     """Bulk-load `rows` clips shaped like the pipeline's own (ids, raw keys, content-addressed
-    shard keys, sha256s), then fill `manifest_episodes` with the metadata service's statement."""
-    params = seed_parameters(rows)
+    shard keys, sha256s), then fill `manifest_episodes` with the metadata service's statement.
+    A `layout` points the clips at other shards and byte ranges (see `SeedLayout`)."""
+    params: dict[str, Any] = {**seed_parameters(rows), **(layout.params if layout else {})}
     with psycopg.connect(settings.database_libpq_url, autocommit=True) as conn:
         with contextlib.suppress(psycopg.Error):
             # Skip per-row foreign-key triggers for the bulk load where the role may do so.
             conn.execute("SET session_replication_role = replica")
-        for label, statement in seed_steps():
+        for label, statement in seed_steps(layout):
             started = time.perf_counter()
             conn.execute(statement.encode(), params)
             log(f"seeded {label} in {time.perf_counter() - started:.1f} s")
@@ -170,7 +210,7 @@ def _rss_mb() -> float:
     return float(psutil.Process().memory_info().rss) / 2**20
 
 
-def _naive_corpus(store: ObjectStore, prefix: str, rows: int) -> None:
+def write_naive_corpus(store: ObjectStore, prefix: str, rows: int) -> None:
     """Shard tars and indexes shaped like the shard stage's (the video payloads are 4 KiB
     stand-ins: the walk never reads them), for `rows` clips."""
     clips = [(f"ep{i // CLIPS_PER_EPISODE:09d}", i % CLIPS_PER_EPISODE) for i in range(rows)]
@@ -289,7 +329,7 @@ def bench_manifest(
 
         log(f"naive: walking {naive_rows:,} rows of shard indexes file by file")
         prefix = f"bench/manifest/{uuid.uuid4().hex}"
-        _naive_corpus(store, prefix, naive_rows)
+        write_naive_corpus(store, prefix, naive_rows)
         started = time.perf_counter()
         walked = naive_walk(store, prefix)
         naive_s = time.perf_counter() - started

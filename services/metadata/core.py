@@ -377,6 +377,11 @@ def refresh_all_manifest_episodes(conn: Connection, step: int = 50_000) -> Itera
     pagination: each slice's sorts fit in memory); yields the episodes done so far. For
     migrations and bulk loads; the service refreshes only what a batch touched."""
     conn.exec_driver_sql("SET LOCAL work_mem = '256MB'")
+    # Plan every slice for its own ids: psycopg prepares a statement on its 5th execution and
+    # Postgres may switch a prepared statement to a generic plan after 5 more, i.e. on the 11th
+    # slice, where the id array is an unknown parameter. Seen with 1M seeded episodes
+    # (`bench first-batch`): slices 1-10 took 10-60 s, the 11th ran 18 minutes, CPU-bound.
+    conn.exec_driver_sql("SET LOCAL plan_cache_mode = force_custom_plan")
     done, last = 0, ""
     while True:
         ids = list(

@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import mmap
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -35,12 +35,26 @@ from services.common.settings import Settings, get_settings
 from services.manifest.load import load_manifest, manifest_row
 from services.reader.cache import ClipCache, clip_cache
 from services.reader.clips import REQUIRED_COLUMNS, Clip, ClipSpan, clip_span, split_clip
-from services.reader.order import epoch_order, partition, shard_ids
+from services.reader.order import LazyOrder, epoch_order, partition, shard_ids
 
 PREFETCH_ERRORS = Counter(
     "egoline_reader_prefetch_errors_total",
     "Prefetches that failed (the reader then fetches the clip itself and raises if it fails)",
 )
+
+
+def shard_labels(column: pa.ChunkedArray) -> NDArray[np.int64]:
+    """A label per row, equal for rows of the same shard, without materialising the keys: the
+    indices into one unified dictionary (a manifest's `shard_key` is dictionary-encoded; 10M
+    rows cast to strings took ~10 s and ~1 GiB here)."""
+    if not pa.types.is_dictionary(column.type):
+        column = pc.dictionary_encode(column)
+    chunks = [chunk for chunk in column.unify_dictionaries().chunks if len(chunk)]
+    if not chunks:
+        return np.zeros(0, dtype=np.int64)
+    return np.concatenate([c.indices.to_numpy(zero_copy_only=False) for c in chunks]).astype(
+        np.int64, copy=False
+    )
 
 
 class Prefetcher:
@@ -95,6 +109,8 @@ class ClipLoader:
         shuffle_buffer: int = 256,
         prefetch: int = 16,
         decode: bool = False,
+        frames_per_clip: int | None = None,
+        frame_height: int | None = None,
     ) -> None:
         missing = [c for c in REQUIRED_COLUMNS if c not in table.column_names]
         if missing:
@@ -105,8 +121,11 @@ class ClipLoader:
         self.shuffle_buffer = shuffle_buffer
         self.prefetch = prefetch
         self.decode = decode
-        keys = pc.dictionary_encode(table.column("shard_key").cast(pa.string())).combine_chunks()
-        self.shard_of_clip = shard_ids(keys.indices.to_numpy(zero_copy_only=False))
+        if frames_per_clip is not None and frames_per_clip < 1:
+            raise ValueError("frames_per_clip must be >= 1 (None: every frame)")
+        self.frames_per_clip = frames_per_clip
+        self.frame_height = frame_height
+        self.shard_of_clip = shard_ids(shard_labels(table.column("shard_key")))
         self.prefetch_errors = 0
 
     def __len__(self) -> int:
@@ -123,19 +142,29 @@ class ClipLoader:
 
     def clips(
         self, epoch: int = 0, *, start: int = 0, part: int = 0, parts: int = 1
-    ) -> Iterator[Clip]:
-        """Yield the clips of `order(epoch, start, part, parts)`, prefetching ahead."""
-        rows = self.order(epoch, start, part, parts)
+    ) -> Generator[Clip, None, None]:
+        """Yield the clips of `order(epoch, start, part, parts)`, prefetching ahead. The order is
+        computed a piece at a time as the clips are read (`LazyOrder`), so the first clip of a
+        10M-row manifest does not wait for the whole epoch's order."""
+        rows = LazyOrder(
+            self.shard_of_clip, self.seed, epoch, self.shuffle_buffer, start, part, parts
+        )
+        lock = threading.Lock()  # the reader and its prefetcher share the lazily computed order
+
+        def row_at(k: int) -> int:
+            with lock:
+                return rows[k]
+
         prefetcher = (
             Prefetcher(
-                self.cache, lambda k: clip_span(self.row(int(rows[k]))), len(rows), self.prefetch
+                self.cache, lambda k: clip_span(self.row(row_at(k))), len(rows), self.prefetch
             )
             if self.prefetch > 0 and len(rows) > 0
             else None
         )
         try:
-            for index in rows:
-                yield self.read(int(index))
+            for k in range(len(rows)):
+                yield self.read(row_at(k))
                 if prefetcher is not None:
                     prefetcher.consumed()
         finally:
@@ -144,7 +173,8 @@ class ClipLoader:
                 self.prefetch_errors += prefetcher.errors
 
     def read(self, index: int) -> Clip:
-        """Row `index`'s clip (frames decoded when the loader was built with `decode=True`)."""
+        """Row `index`'s clip (frames decoded when the loader was built with `decode=True`:
+        every frame, or the first `frames_per_clip`; scaled to `frame_height` rows if set)."""
         row = self.row(index)
         with self.cache.open(clip_span(row)) as handle:
             clip = split_clip(handle, row)
@@ -152,7 +182,7 @@ class ClipLoader:
             return clip
         from services.media.av_io import decode_frames  # PyAV only when frames are wanted
 
-        frames = np.stack(list(decode_frames(clip.mp4)))
+        frames = np.stack(list(decode_frames(clip.mp4, self.frames_per_clip, self.frame_height)))
         return replace(clip, frames=frames)
 
     def stats(self) -> dict[str, Any]:

@@ -188,10 +188,11 @@ class Stack:
         port = free_port()
         # moto spills every object over ~5 MiB to a temporary file, which makes the emulator,
         # not the client, the slowest part of large uploads; keep objects in memory instead.
+        # services.stack.s3_server is moto's server with ranged GETs served in O(range).
         env = {**os.environ, "MOTO_S3_DEFAULT_KEY_BUFFER_SIZE": str(self.s3_buffer_bytes)}
         proc = self._spawn(
             "s3",
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+            [sys.executable, "-m", "services.stack.s3_server", "-H", "127.0.0.1", "-p", str(port)],
             env=env,
         )
         return ServiceState(endpoint=f"http://127.0.0.1:{port}", pid=proc.pid, started_by_us=True)

@@ -79,20 +79,35 @@ def write_synthetic_corpus(
     clips_per_episode: int = 6,
     pipeline_version: str = "synth",
     on_bytes: Callable[[int], None] = lambda _n: None,
+    clips_per_shard: int | None = None,
+    max_clips: int | None = None,
+    run: str | None = None,
 ) -> Path:
     """Write shards holding about `total_bytes` of clips (templates cycled under fresh clip
-    keys) into `store`, and their manifest to `manifest_path`; returns the manifest path."""
+    keys) into `store`, and their manifest to `manifest_path`; returns the manifest path.
+
+    A shard closes at `shard_bytes` or, when given, at `clips_per_shard` clips; the corpus ends
+    at `total_bytes` or, when given, at `max_clips` clips. `run` names the
+    clips (`synth-<run>-...`); a fixed one with the same templates gives the same shard bytes,
+    hence the same content-addressed keys, and a shard already stored is not sent again."""
     if not templates or total_bytes <= 0 or shard_bytes <= 0:
         raise ValueError("need templates and positive sizes")
-    run = uuid.uuid4().hex[:8]
+    if clips_per_shard is not None and clips_per_shard < 1:
+        raise ValueError("clips_per_shard must be >= 1")
+    run = run or uuid.uuid4().hex[:8]
     scratch.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, object]] = []
     written = clip_no = 0
-    while written < total_bytes:
+    while written < total_bytes and (max_clips is None or clip_no < max_clips):
         members: list[tuple[str, bytes]] = []
         clip_rows: list[dict[str, object]] = []
         size = 0
-        while size < shard_bytes and written + size < total_bytes:
+        while (
+            size < shard_bytes
+            and written + size < total_bytes
+            and (clips_per_shard is None or len(clip_rows) < clips_per_shard)
+            and (max_clips is None or clip_no < max_clips)
+        ):
             media = templates[clip_no % len(templates)]
             episode_id = f"synth-{run}-{clip_no // clips_per_episode:06d}"
             index = clip_no % clips_per_episode
@@ -127,7 +142,8 @@ def write_synthetic_corpus(
             while chunk := handle.read(8 << 20):
                 digest.update(chunk)
         shard_key, _ = shard_keys(pipeline_version, digest.hexdigest())
-        store.put_file(shard_key, path, "application/x-tar", single_put_max=path.stat().st_size)
+        if not store.exists(shard_key):
+            store.put_file(shard_key, path, "application/x-tar", single_put_max=path.stat().st_size)
         path.unlink()
         where = {s.name: s for s in spans}
         for meta in clip_rows:

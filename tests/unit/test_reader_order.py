@@ -8,7 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from services.reader.order import (
+    LazyOrder,
     epoch_order,
+    epoch_order_blocks,
     partition,
     reader_part,
     resume_position,
@@ -126,3 +128,57 @@ def test_bad_arguments_are_rejected() -> None:
         partition(np.arange(3), 0, 3, 3)
     with pytest.raises(ValueError):
         epoch_order(np.zeros(3, dtype=np.int64), -1, 0, 0)
+
+
+def _reference_order(shards: np.ndarray, seed: int, epoch: int, buffer: int) -> np.ndarray:
+    """The order as first written: a lexsort of every row, one argsort of every jittered key."""
+    n = len(shards)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    n_shards = int(shards.max()) + 1
+    rank = np.empty(n_shards, dtype=np.int64)
+    rank[np.argsort(uniform_keys(seed, epoch, 0, n_shards), kind="stable")] = np.arange(n_shards)
+    laid_out = np.lexsort((np.arange(n), rank[shards]))
+    if buffer <= 1:
+        return laid_out
+    jitter = np.arange(n, dtype=np.float64) + buffer * uniform_keys(seed, epoch, 1, n)
+    return laid_out[np.argsort(jitter, kind="stable")]
+
+
+@given(
+    labels=st.lists(st.integers(-5, 10**12), min_size=0, max_size=300),
+    runs=st.integers(1, 40),
+)
+def test_shard_ids_number_labels_by_first_appearance(labels: list[int], runs: int) -> None:
+    grouped = np.repeat(np.array(labels, dtype=np.int64), runs)
+    ids = shard_ids(grouped)
+    first: dict[int, int] = {}
+    for label in grouped.tolist():
+        first.setdefault(label, len(first))
+    assert ids.tolist() == [first[label] for label in grouped.tolist()]
+
+
+@given(
+    labels=st.lists(st.integers(0, 12), min_size=0, max_size=400),
+    run=st.integers(1, 30),
+    seed=st.integers(0, 2**64 - 1),
+    epoch=st.integers(0, 50),
+    buffer=st.sampled_from([0, 1, 2, 3, 7, 16, 100, 256, 1000]),
+    block=st.integers(1, 200),
+)
+def test_the_order_by_runs_and_by_pieces_is_the_reference_order(
+    labels: list[int], run: int, seed: int, epoch: int, buffer: int, block: int
+) -> None:
+    """Sorting runs of shards instead of rows, and the jittered order a piece at a time, give
+    exactly the order first written (pieces concatenated, and through LazyOrder's parts)."""
+    shards = shard_ids(np.repeat(np.array(labels, dtype=np.int64), run))
+    expected = _reference_order(shards, seed, epoch, buffer)
+    assert np.array_equal(epoch_order(shards, seed, epoch, buffer), expected)
+    pieces = list(epoch_order_blocks(shards, seed, epoch, buffer, block=block))
+    joined = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
+    assert np.array_equal(joined, expected)
+    for start, part, parts in ((0, 0, 1), (3, 1, 3), (len(shards) // 2, 0, 2)):
+        lazy = LazyOrder(shards, seed, epoch, buffer, start, part, parts)
+        assert [lazy[k] for k in range(len(lazy))] == partition(
+            expected, start, part, parts
+        ).tolist()
