@@ -319,6 +319,9 @@ def test_manifest_build_options_become_the_filter(
     monkeypatch.setattr("services.metadata.warehouse.make_engine", lambda _s: None)
     monkeypatch.setattr("services.common.objectstore.object_store", lambda _s: None)
     monkeypatch.setenv("EGOLINE_CURATION_MAX_HIGHLIGHTS", "0.15")
+    # a warehouse URL that is never dialled (the build is faked): the test needs no stack
+    monkeypatch.setenv("EGOLINE_DATABASE_URL", "postgresql://egoline@127.0.0.1:9/unused")
+    monkeypatch.setenv("EGOLINE_EMBEDDED_STACK", "true")
     from services.common.settings import reset_settings_cache
 
     reset_settings_cache()
