@@ -80,3 +80,52 @@ def pack(clips: list[dict[str, Any]]) -> bytes:
         missing = np.nan if RECORD[name].kind == "f" else NO_RANGE
         out[name] = [missing if clip.get(name) is None else clip[name] for clip in clips]
     return out.tobytes()
+
+
+# An episode's stream timing (decode's measurements; `TIMING_COLUMNS` of the warehouse).
+TIMING_FIELDS = (
+    "max_jitter_s",
+    "max_frame_gap_s",
+    "max_drift_ppm",
+    "camera_skew_s",
+    "imu_skew_s",
+    "imu_rate_hz",
+)
+
+# An episode's fixed-width facts, one record per `manifest_episodes` row in its `facts` column
+# (migration 0012): what the manifest repeats on each of the episode's clips. Packed for the
+# same reason as the clips: Postgres formats and ADBC parses each field of each row, and these
+# thirteen numbers as separate fields cost more than the 1 GB of packed clips (measured:
+# docs/performance.md). The expression names a column of the refresh's grouped row `g`;
+# `started_at` is microseconds since the Unix epoch (Arrow's timestamp[us, UTC]).
+FACTS_COLUMN = "facts"
+FACT_FIELDS: tuple[tuple[str, str, str, str], ...] = (
+    ("started_at", "(extract(epoch FROM g.started_at) * 1000000)::int8", "int8send", ">i8"),
+    ("warning_count", "g.warning_count", "int4send", ">i4"),
+    ("width", "g.width", "int4send", ">i4"),
+    ("height", "g.height", "int4send", ">i4"),
+    ("fps", "g.fps", "float8send", ">f8"),
+    ("clip_count", "g.clip_count", "int4send", ">i4"),
+    ("stream_count", "g.stream_count", "int4send", ">i4"),
+    *((name, f"g.{name}", "float8send", ">f8") for name in TIMING_FIELDS),
+)
+FACTS = np.dtype([(name, np_type) for name, _, _, np_type in FACT_FIELDS])  # big-endian
+
+
+def facts_sql() -> str:
+    """The SQL expression packing the grouped row `g`'s facts into one record."""
+    return " || ".join(f"{fn}({expr})" for _, expr, fn, _ in FACT_FIELDS)
+
+
+def fact_records(data: bytes | memoryview | NDArray[np.uint8]) -> NDArray[Any]:
+    """Packed facts as stored: a zero-copy array of big-endian records."""
+    return np.frombuffer(data, dtype=FACTS)
+
+
+def pack_facts(rows: list[dict[str, Any]]) -> bytes:
+    """Pack episode facts (dicts with every field; `started_at` as microseconds since the
+    epoch) the way the SQL does, for tests and tools."""
+    out = np.zeros(len(rows), dtype=FACTS)
+    for name in FACTS.names or ():
+        out[name] = [row[name] for row in rows]
+    return out.tobytes()

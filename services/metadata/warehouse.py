@@ -28,7 +28,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY, BYTEA, JSONB, REAL
 
 from services.common.settings import Settings
-from services.metadata.packing import PACKED_COLUMN
+from services.metadata.packing import PACKED_COLUMN, TIMING_FIELDS
 
 metadata = MetaData()
 
@@ -82,14 +82,7 @@ raw_objects = Table(
 # Time integrity per episode (seconds, ppm, Hz; 0 when not applicable): the worst video stream's
 # frame-interval jitter, largest frame gap and |rate drift|, the largest |start skew| of another
 # camera against the main one, the IMU's |start skew| and its measured rate.
-TIMING_COLUMNS = (
-    "max_jitter_s",
-    "max_frame_gap_s",
-    "max_drift_ppm",
-    "camera_skew_s",
-    "imu_skew_s",
-    "imu_rate_hz",
-)
+TIMING_COLUMNS = TIMING_FIELDS
 
 # A clip's content signals (`ClipQuality`, migration 0006; null from older shards): median
 # sharpness (variance of the Laplacian), mean luma (0-255), mean clipped-highlight and
