@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -20,11 +21,11 @@ from sqlalchemy import Engine, select
 from sqlalchemy.dialects.postgresql import insert
 
 from services.common.objectstore import ObjectStore
-from services.manifest.explode import Exploder
+from services.manifest.explode import Exploder, Widen
 from services.manifest.index import Indexed, IndexFacts, ManifestRecord, MemberCopy, set_family
 from services.manifest.members import members_of_episodes
 from services.manifest.query import ManifestFilter, build_query
-from services.manifest.snapshot import Progress, fetch_episodes
+from services.manifest.snapshot import Progress, Snapshot
 from services.manifest.write import schema_metadata, write_batches
 from services.metadata.layers import resolve_versions
 from services.metadata.warehouse import layer_versions, manifests
@@ -37,9 +38,9 @@ class BuiltManifest:
     local_path: Path
     rows: int
     size_bytes: int
-    query_s: float  # query + transfer into Arrow
-    explode_s: float  # episode-level dictionaries and the clip -> episode index
-    write_s: float  # clip rows exploded batch by batch, IPC write, sha256
+    query_s: float  # the heads pass: query + transfer into Arrow
+    explode_s: float  # (0: the explode runs inside the stream, in write_s)
+    write_s: float  # bodies streamed, exploded batch by batch, IPC write, sha256 (overlapped)
     publish_s: float  # upload to the object store + warehouse rows (+ waiting for the members)
     layers: dict[str, str]  # the layer versions pinned, resolved (kind -> version)
     indexed: Indexed | None = None  # its members in the reverse-lineage index (None: not asked)
@@ -90,9 +91,42 @@ def resolve_layers(engine: Engine, flt: ManifestFilter) -> ManifestFilter:
     return flt.model_copy(update={"layers": resolve_versions(flt.layers, known)})
 
 
-def _members(episodes: pa.Table, exploder: Exploder) -> pa.Table:
+def _members(heads: pa.Table, exploder: Exploder) -> pa.Table:
     """The manifest's members (run in the indexing thread: numpy work, the GIL released)."""
-    return members_of_episodes(episodes, exploder.parent, exploder.clip_indexes())
+    return members_of_episodes(heads, exploder.parent, exploder.clip_index)
+
+
+def _reporting(
+    bodies: Iterator[pa.RecordBatch], exploder: Exploder, progress: Progress | None
+) -> Iterator[pa.RecordBatch]:
+    for body in bodies:
+        yield body
+        if progress is not None:
+            done = exploder.episodes_seen
+            progress(done, int(exploder.episode_rows[done]))
+
+
+def _stream(
+    snapshot: Snapshot,
+    heads: pa.Table,
+    staging: Path,
+    metadata: dict[bytes, bytes],
+    progress: Progress | None,
+) -> tuple[str, Exploder]:
+    """Stream the bodies through the explode into the file; again with wider index types if a
+    streamed dictionary outgrew the ones the first batch fixed (the file then is what it would
+    have been with those types from the start)."""
+    hint: dict[str, pa.DataType] = {}
+    while True:
+        exploder = Exploder(heads, types=hint)
+        bodies = snapshot.bodies()
+        try:
+            batches = exploder.batches(_reporting(bodies, exploder, progress))
+            return write_batches(batches, staging, metadata), exploder
+        except Widen as widen:
+            hint.update(widen.types)
+        finally:
+            bodies.close()
 
 
 def build_manifest(
@@ -111,27 +145,26 @@ def build_manifest(
     `out_dir` as `<sha256>.arrow`. Layer versions given as `latest` are resolved first: the
     file and its `manifests` row name the concrete ones. With `index` (the default) its
     members go into the reverse-lineage index in the transaction that records it; `family`
-    puts it in a family (FamilyConflictError if it is in another one already)."""
+    puts it in a family (FamilyConflictError if it is in another one already).
+
+    Two passes over the query's rows in one snapshot: the heads (the strings whose dictionaries
+    open the file), then the bodies streamed through the explode into the file as they arrive.
+    """
     if family is not None and not index:
         raise ValueError("a family needs the index (the held-out check reads members)")
     flt = resolve_layers(engine, flt)
     sql, params = build_query(flt)
+    metadata = schema_metadata(flt, sql)
+    staging = out_dir / "manifest.arrow.partial"
     started = time.perf_counter()
-    episodes = fetch_episodes(database_url, flt, progress, parallel)
-    fetched = time.perf_counter()
-    exploder = Exploder(episodes)
-    schema = exploder.schema.with_metadata(schema_metadata(flt, sql))
-    exploded = time.perf_counter()
+    with Snapshot(database_url, flt, parallel) as snapshot:
+        heads = snapshot.heads()
+        fetched = time.perf_counter()
+        manifest_id, exploder = _stream(snapshot, heads, staging, metadata, progress)
+    exploded = fetched  # the explode runs inside the stream (write_s)
     members: MemberCopy | None = None
     if index:
-        members = MemberCopy(database_url, partial(_members, episodes, exploder))
-    staging = out_dir / "manifest.arrow.partial"
-    try:
-        manifest_id = write_batches(schema, exploder.batches(reuse=True), staging)
-    except BaseException:
-        if members is not None:
-            members.abort()
-        raise
+        members = MemberCopy(database_url, partial(_members, heads, exploder))
     rows = exploder.rows
     final = out_dir / f"{manifest_id}.arrow"
     staging.replace(final)

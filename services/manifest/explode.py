@@ -9,15 +9,28 @@ copied per clip. Measurements behind each choice: docs/performance.md.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import bisect
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from numpy.typing import NDArray
 
-from services.metadata.packing import NO_RANGE, PACKED_COLUMN, RECORD, records
+from services.manifest.query import BODY_COLUMNS, HEAD_COLUMNS, HEAD_SHARED, STREAMED_SHARED
+from services.metadata.packing import (
+    FACTS,
+    FACTS_COLUMN,
+    NO_RANGE,
+    PACKED_COLUMN,
+    RECORD,
+    fact_records,
+    pack_facts,
+    records,
+)
 from services.metadata.warehouse import TIMING_COLUMNS
 
 # Episode-level strings that repeat across episodes: dictionary-encoded over the distinct values.
@@ -190,133 +203,342 @@ class _Clips:
                 break
 
 
-class Exploder:
-    """Episode rows (the query's result) -> clip rows, one record batch at a time (pure).
+EPISODE_TYPES: dict[str, pa.DataType] = {
+    "started_at": pa.timestamp("us", tz="UTC"),
+    "warning_count": pa.int32(),
+    "width": pa.int32(),
+    "height": pa.int32(),
+    "fps": pa.float64(),
+    "stream_count": pa.int32(),
+    **{name: pa.float64() for name in TIMING_COLUMNS},
+}
 
-    Everything episode-level is prepared once: the clip -> episode index, and the dictionaries
-    (the episode rows themselves for unique strings, the distinct values for shared ones, the
-    distinct shard keys). A batch is then index arithmetic plus copies of its own clip rows, so
-    memory stays at one batch however large the manifest is.
+
+class Widen(Exception):
+    """A streamed dictionary outgrew the index type the file's schema already fixed: the build
+    starts the bodies again with these (wider) types."""
+
+    def __init__(self, types: dict[str, pa.DataType]) -> None:
+        super().__init__(", ".join(f"{name}: {t}" for name, t in types.items()))
+        self.types = types
+
+
+class _Memo:
+    """A streamed string column's dictionary: values in order of first appearance (what
+    dictionary-encoding the whole column at once gives), grown chunk by chunk, each with the
+    episode it first appeared in, so a batch's dictionary is the values its episodes have seen,
+    however the bodies were chunked."""
+
+    def __init__(self) -> None:
+        self.codes: dict[str, int] = {}
+        self.values: list[str] = []
+        self.first_episode: list[int] = []
+        self._array: pa.Array = pa.array([], type=pa.string())
+
+    def encode(self, column: pa.Array, episodes: NDArray[np.int64]) -> NDArray[np.int32]:
+        """Codes of `column`'s values, row i being of episode `episodes[i]`."""
+        encoded = pc.dictionary_encode(column)
+        indices = encoded.indices.to_numpy(zero_copy_only=False)
+        _, first_row = np.unique(indices, return_index=True)  # local codes are in row order
+        local = np.empty(len(encoded.dictionary), dtype=np.int32)
+        for code, value in enumerate(encoded.dictionary.to_pylist()):
+            known = self.codes.get(value)
+            if known is None:
+                known = self.codes[value] = len(self.values)
+                self.values.append(value)
+                self.first_episode.append(int(episodes[first_row[code]]))
+            local[code] = known
+        out: NDArray[np.int32] = local[indices]
+        return out
+
+    def upto(self, episode: int) -> int:
+        """How many values had appeared by the end of `episode`."""
+        return bisect.bisect_right(self.first_episode, episode)
+
+    def dictionary(self, count: int) -> pa.Array:
+        if len(self._array) != len(self.values):
+            self._array = pa.array(self.values, type=pa.string())
+        return self._array.slice(0, count)
+
+
+@dataclass
+class _Chunk:
+    """One streamed chunk of body rows (episodes `first`..`first + count`), decoded per episode;
+    its clips go to clip rows `row`.. of the manifest."""
+
+    first: int
+    count: int
+    row: int
+    clips: _Clips
+    list_starts: NDArray[np.int64]  # each episode's first shard in `shard_codes`
+    shard_codes: NDArray[np.int32]
+    codes: dict[str, NDArray[np.int32]]  # streamed shared strings, per episode
+    duplicate_null: NDArray[np.bool_]
+    numbers: dict[str, NDArray[Any]]  # native-endian, per episode
+
+
+class Exploder:
+    """Episode rows (the query's result, as heads and streamed bodies) -> clip rows, one record
+    batch of `size` rows at a time (pure).
+
+    The heads prepare what is known before the first body: the clip -> episode index, and the
+    dictionaries of the unique and head-shared strings. Each body chunk then adds its clips,
+    shard keys and streamed strings; a batch is index arithmetic plus copies of its own clip
+    rows into reused buffers, so memory stays at a batch however large the manifest is. The
+    batches are the same whatever the bodies' chunking: they cut at fixed clip rows.
     """
 
-    def __init__(self, episodes: pa.Table) -> None:
-        counts = episodes.column("clip_count").to_numpy().astype(np.int64)
+    def __init__(
+        self,
+        heads: pa.Table,
+        size: int = BATCH_ROWS,
+        types: dict[str, pa.DataType] | None = None,
+    ) -> None:
+        counts = heads.column("clip_count").to_numpy().astype(np.int64)
+        self.counts = counts
         self.parent = np.repeat(np.arange(len(counts), dtype=np.int32), counts)
-        self.clips = _Clips.of(episodes.column(PACKED_COLUMN))
-        if self.clips.total != len(self.parent):
-            raise ValueError(f"{self.clips.total} packed clips, clip_count says {len(self.parent)}")
-        # Shard keys: each episode lists its shards; a clip names one by its position in it.
-        # Encoded chunk by chunk against one dictionary: no copy of the lists.
-        lists = [chunk for chunk in episodes.column("shard_keys").chunks if len(chunk)]
-        starts, base = [], 0
-        for chunk in lists:
-            offsets = chunk.offsets.to_numpy()
-            starts.append(offsets[:-1].astype(np.int64) - int(offsets[0]) + base)
-            base += int(offsets[-1] - offsets[0])
-        self.list_starts = np.concatenate(starts) if starts else np.zeros(0, np.int64)
-        flat = pa.chunked_array([chunk.flatten() for chunk in lists], type=pa.string())
-        self.shard_values, self.shard_codes = _encode(flat)
-        self.unique = {name: episodes.column(name).combine_chunks() for name in UNIQUE_STRINGS}
-        self.shared = {name: _encode(episodes.column(name)) for name in SHARED_STRINGS}
-        # duplicate_of: null for most episodes; encoded over its values, with a null mask.
-        duplicate = episodes.column("duplicate_of").cast(pa.string())  # all-null: null type
-        self.duplicate = _encode(duplicate.fill_null(""))
-        self.duplicate_null = duplicate.is_null().to_numpy(zero_copy_only=False)
+        self.episode_rows = np.zeros(len(counts) + 1, dtype=np.int64)
+        np.cumsum(counts, out=self.episode_rows[1:])
+        self.size = max(1, min(size, self.rows)) if self.rows else 1
+        self.heads = heads
+        self.unique = {name: heads.column(name).combine_chunks() for name in UNIQUE_STRINGS}
+        self.shared = {name: _encode(heads.column(name)) for name in HEAD_SHARED}
         self.layers: dict[str, tuple[tuple[pa.Array, NDArray[Any]], NDArray[np.bool_]]] = {}
         for name in LAYER_COLUMNS:
-            if name in episodes.column_names:
-                values = episodes.column(name).cast(pa.string())
+            if name in heads.column_names:
+                values = heads.column(name).cast(pa.string())
                 nulls = values.is_null().to_numpy(zero_copy_only=False)
                 self.layers[name] = (_encode(values.fill_null("")), nulls)
         self.columns = (*MANIFEST_COLUMNS, *self.layers)
-        self.numbers: dict[str, tuple[NDArray[Any], pa.DataType]] = {}
-        for name in EPISODE_NUMBERS:
-            array = episodes.column(name).combine_chunks()
-            storage = pa.int64() if pa.types.is_timestamp(array.type) else array.type
-            self.numbers[name] = (array.cast(storage).to_numpy(zero_copy_only=False), array.type)
+        self.memos = {name: _Memo() for name in (*STREAMED_SHARED, "duplicate_of", "shard_key")}
+        # Index types of the streamed dictionaries: fixed when the first batch is cut (the
+        # schema), from what has been seen by then or what an earlier attempt needed (`types`).
+        self.hint = dict(types or {})
+        self.types: dict[str, pa.DataType] | None = None
+        self.clip_index = np.empty(self.rows, dtype=np.int32)  # every clip's, for the members
+        self.episodes_seen = 0
 
     @property
     def rows(self) -> int:
         return len(self.parent)
 
-    def clip_indexes(self) -> NDArray[np.int32]:
-        """Every clip's index, in clip row order (native-endian copy of the packed field)."""
-        out = np.empty(self.rows, dtype=np.int32)
-        for view, start in zip(self.clips.views, self.clips.starts[:-1], strict=True):
-            out[int(start) : int(start) + len(view)] = view["clip_index"]
-        return out
+    # -- bodies ---------------------------------------------------------------------------
+    def _chunk(self, body: pa.RecordBatch) -> _Chunk:
+        first, count = self.episodes_seen, body.num_rows
+        if first + count > len(self.counts):
+            raise ValueError(f"{first + count} body rows for {len(self.counts)} heads")
+        facts = _facts(body.column(FACTS_COLUMN))
+        expected = self.counts[first : first + count]
+        if not np.array_equal(facts["clip_count"].astype(np.int64), expected):
+            raise ValueError("the bodies' clip counts disagree with the heads' (rows out of step)")
+        clips = _Clips.of(pa.chunked_array([body.column(PACKED_COLUMN)]))
+        if clips.total != int(expected.sum()):
+            raise ValueError(f"{clips.total} packed clips, clip_count says {int(expected.sum())}")
+        shard_lists = body.column("shard_keys")
+        offsets = shard_lists.offsets.to_numpy()
+        list_starts = offsets[:-1].astype(np.int64) - int(offsets[0])
+        episodes = np.arange(first, first + count, dtype=np.int64)
+        lengths = np.diff(offsets).astype(np.int64)
+        shard_codes = self.memos["shard_key"].encode(
+            shard_lists.flatten().cast(pa.string()), np.repeat(episodes, lengths)
+        )
+        codes = {
+            name: self.memos[name].encode(body.column(name), episodes) for name in STREAMED_SHARED
+        }
+        duplicate = body.column("duplicate_of").cast(pa.string())
+        codes["duplicate_of"] = self.memos["duplicate_of"].encode(duplicate.fill_null(""), episodes)
+        numbers = {
+            name: facts[name].astype(facts[name].dtype.newbyteorder("=")) for name in EPISODE_TYPES
+        }
+        self.episodes_seen += count
+        return _Chunk(
+            first,
+            count,
+            int(self.episode_rows[first]),
+            clips,
+            list_starts,
+            shard_codes,
+            codes,
+            duplicate.is_null().to_numpy(zero_copy_only=False),
+            numbers,
+        )
 
-    def buffers(self, size: int) -> dict[str, NDArray[Any]]:
-        """Room for a batch of up to `size` clip rows: `batch(..., into=)` fills it, so a
-        writer that is done with one batch before asking for the next reuses the same memory."""
+    def _place(self, chunk: _Chunk, lo: int, hi: int, buf: dict[str, NDArray[Any]]) -> None:
+        """The chunk's clip rows lo..hi (chunk-relative) into `buf` from its start."""
+        n = hi - lo
+        parent = self.parent[chunk.row + lo : chunk.row + hi] - chunk.first
+        chunk.clips.take(lo, hi, buf)
+        np.take(chunk.list_starts, parent, out=buf["flat"][:n], mode="clip")
+        buf["flat"][:n] += buf["shard_no"][:n]
+        np.take(chunk.shard_codes, buf["flat"][:n], out=buf["shard_key"][:n], mode="clip")
+        for name, codes in chunk.codes.items():
+            np.take(codes, parent, out=buf[name][:n], mode="clip")
+        np.take(chunk.duplicate_null, parent, out=buf["duplicate_null"][:n], mode="clip")
+        for name, values in chunk.numbers.items():
+            np.take(values, parent, out=buf[name][:n], mode="clip")
+
+    def buffers(self) -> dict[str, NDArray[Any]]:
+        """Room for one batch; every batch is built in it (valid until the next)."""
+        size = self.size
         out = {
             name: np.empty(size, dtype=RECORD[name].newbyteorder("="))
             for name in RECORD.names or ()
         }
-        out["shard_key"] = np.empty(size, dtype=self.shard_codes.dtype)
         out["flat"] = np.empty(size, dtype=np.int64)
-        for name, (_, codes) in self.shared.items():
-            out[name] = np.empty(size, dtype=codes.dtype)
-        for name, (numbers, _) in self.numbers.items():
-            out[name] = np.empty(size, dtype=numbers.dtype)
+        for name in (*STREAMED_SHARED, "duplicate_of", "shard_key"):
+            out[name] = np.empty(size, dtype=np.int32)
+        out["duplicate_null"] = np.empty(size, dtype=np.bool_)
+        for name in EPISODE_TYPES:
+            out[name] = np.empty(size, dtype=FACTS[name].newbyteorder("="))
         return out
 
-    def batch(
-        self, start: int, stop: int, into: dict[str, NDArray[Any]] | None = None
-    ) -> pa.RecordBatch:
-        """Clip rows [start, stop). Without `into`, in fresh memory; with it, in those buffers
-        (valid until they are filled again)."""
-        size = stop - start
-        room = into if into is not None else self.buffers(size)
-        buf = {name: values[:size] for name, values in room.items()}
-        parent = self.parent[start:stop]
-        self.clips.take(start, stop, buf)
-        np.take(self.list_starts, parent, out=buf["flat"], mode="clip")
-        buf["flat"] += buf["shard_no"]
-        np.take(self.shard_codes, buf["flat"], out=buf["shard_key"], mode="clip")
-        out: dict[str, pa.Array] = {
-            "shard_key": _dictionary(buf["shard_key"], self.shard_values),
-            "byte_offset": pa.array(buf["byte_offset"], type=pa.int64()),
-            "json_offset": pa.array(buf["json_offset"], type=pa.int64()),
-            "length": pa.array(buf["length"], type=pa.int32()),
-            "json_length": pa.array(buf["json_length"], type=pa.int32()),
-            "clip_index": pa.array(buf["clip_index"], type=pa.int32()),
-            "frame_count": pa.array(buf["frame_count"], type=pa.int32()),
-            "clip_start_s": pa.array(buf["clip_start_s"], type=pa.float64()),
-            "clip_duration_s": pa.array(buf["clip_duration_s"], type=pa.float64()),
+    def batches(
+        self, bodies: Iterable[pa.RecordBatch], reuse: bool = True
+    ) -> Iterator[pa.RecordBatch]:
+        """The clip rows in batches of `size` (the last one shorter), built as the bodies come.
+        With `reuse` (a writer, done with each batch before the next) every batch is built in
+        the same buffers; without it, each in its own. Raises Widen when a streamed dictionary
+        outgrows the index type the first batch fixed."""
+        buf = self.buffers()
+        start, fill = 0, 0  # the batch's first clip row; rows of it placed so far
+        for body in bodies:
+            if body.num_rows == 0:
+                continue
+            chunk = self._chunk(body)
+            total = int(self.episode_rows[chunk.first + chunk.count]) - chunk.row
+            done = 0
+            while done < total:
+                take = min(total - done, self.size - fill)
+                room = {name: values[fill:] for name, values in buf.items()}
+                self._place(chunk, done, done + take, room)
+                done += take
+                fill += take
+                if fill == self.size:
+                    yield self._batch(start, fill, buf)
+                    start, fill = start + fill, 0
+                    if not reuse:
+                        buf = self.buffers()
+        if self.episodes_seen != len(self.counts):
+            raise ValueError(f"{self.episodes_seen} body rows for {len(self.counts)} heads")
+        if fill or self.rows == 0:
+            yield self._batch(start, fill, buf)
+
+    def _fix_types(self, counts: dict[str, int]) -> dict[str, pa.DataType]:
+        """The streamed dictionaries' index types: fixed by the first batch (the narrowest for
+        its values, or what an earlier attempt needed); Widen if a later batch needs more."""
+        if self.types is None:
+            self.types = {}
+            for name, count in counts.items():
+                needed, hint = _index_type(count), self.hint.get(name)
+                wider = hint is not None and hint.bit_width > needed.bit_width
+                self.types[name] = hint if wider and hint is not None else needed
+        grown = {
+            name: _index_type(count)
+            for name, count in counts.items()
+            if _index_type(count).bit_width > self.types[name].bit_width
         }
-        no_imu = buf["imu_offset"] == NO_RANGE
-        out["imu_offset"] = pa.array(buf["imu_offset"], type=pa.int64(), mask=no_imu)
-        out["imu_length"] = pa.array(buf["imu_length"], type=pa.int32(), mask=no_imu)
+        if grown:
+            raise Widen(grown)
+        return self.types
+
+    def _batch(self, start: int, size: int, buf: dict[str, NDArray[Any]]) -> pa.RecordBatch:
+        parent = self.parent[start : start + size]
+        last = int(parent[-1]) if size else -1
+        counts = {name: memo.upto(last) for name, memo in self.memos.items()}
+        types = self._fix_types(counts)
+        b = {name: values[:size] for name, values in buf.items()}
+        self.clip_index[start : start + size] = b["clip_index"]
+        out: dict[str, pa.Array] = {
+            "shard_key": _streamed(b["shard_key"], self.memos, counts, types, "shard_key"),
+            "byte_offset": pa.array(b["byte_offset"], type=pa.int64()),
+            "json_offset": pa.array(b["json_offset"], type=pa.int64()),
+            "length": pa.array(b["length"], type=pa.int32()),
+            "json_length": pa.array(b["json_length"], type=pa.int32()),
+            "clip_index": pa.array(b["clip_index"], type=pa.int32()),
+            "frame_count": pa.array(b["frame_count"], type=pa.int32()),
+            "clip_start_s": pa.array(b["clip_start_s"], type=pa.float64()),
+            "clip_duration_s": pa.array(b["clip_duration_s"], type=pa.float64()),
+        }
+        no_imu = b["imu_offset"] == NO_RANGE
+        out["imu_offset"] = pa.array(b["imu_offset"], type=pa.int64(), mask=no_imu)
+        out["imu_length"] = pa.array(b["imu_length"], type=pa.int32(), mask=no_imu)
         for name, values in self.unique.items():
             out[name] = _dictionary(parent, values)
         for name, (dictionary, codes) in self.shared.items():
-            np.take(codes, parent, out=buf[name], mode="clip")
-            out[name] = _dictionary(buf[name], dictionary)
+            out[name] = _dictionary(np.take(codes, parent, mode="clip"), dictionary)
+        for name in STREAMED_SHARED:
+            out[name] = _streamed(b[name], self.memos, counts, types, name)
         for name in QUALITY_FIELDS:
-            values = buf[name]
+            values = b[name]
             out[name] = pa.array(values, type=pa.float32(), mask=np.isnan(values))
-        out["duplicate_of"] = _nullable_dictionary(self.duplicate, self.duplicate_null, parent)
+        out["duplicate_of"] = pa.DictionaryArray.from_arrays(
+            pa.array(
+                b["duplicate_of"].astype(types["duplicate_of"].to_pandas_dtype()),
+                type=types["duplicate_of"],
+                mask=b["duplicate_null"],
+            ),
+            self.memos["duplicate_of"].dictionary(counts["duplicate_of"]),
+        )
         for name, (encoded, nulls) in self.layers.items():
             out[name] = _nullable_dictionary(encoded, nulls, parent)
-        for name, (numbers, arrow_type) in self.numbers.items():
-            np.take(numbers, parent, out=buf[name], mode="clip")
-            out[name] = pa.Array.from_buffers(arrow_type, size, [None, pa.py_buffer(buf[name])])
+        for name, arrow_type in EPISODE_TYPES.items():
+            out[name] = pa.Array.from_buffers(arrow_type, size, [None, pa.py_buffer(b[name])])
         return pa.record_batch([out[n] for n in self.columns], names=list(self.columns))
 
-    @property
-    def schema(self) -> pa.Schema:
-        return self.batch(0, 0).schema
 
-    def batches(self, size: int = BATCH_ROWS, reuse: bool = False) -> Iterator[pa.RecordBatch]:
-        """The clip rows in batches of `size`. With `reuse`, every batch is built in the same
-        buffers: for a consumer that is done with each batch before the next (a writer)."""
-        room = self.buffers(min(size, self.rows)) if reuse else None
-        for start in range(0, self.rows, size):
-            yield self.batch(start, min(start + size, self.rows), room)
+def _facts(column: pa.Array) -> NDArray[Any]:
+    """A binary column of packed facts -> its records (zero-copy)."""
+    _, offset_buffer, data_buffer = column.buffers()
+    offset_type = np.int64 if pa.types.is_large_binary(column.type) else np.int32
+    offsets = np.frombuffer(offset_buffer, dtype=offset_type)
+    first, last = int(offsets[column.offset]), int(offsets[column.offset + len(column)])
+    if last - first != FACTS.itemsize * len(column):
+        raise ValueError(f"packed facts of {last - first} bytes for {len(column)} episodes")
+    return fact_records(memoryview(data_buffer)[first:last]) if len(column) else np.zeros(0, FACTS)
 
 
-def explode(episodes: pa.Table) -> pa.Table:
+def heads_and_bodies(episodes: pa.Table) -> tuple[pa.Table, list[pa.RecordBatch]]:
+    """A whole query result (every episode column, as `build_query` selects them) split as the
+    build's two passes return it: the heads, and the bodies batch by batch (their facts packed
+    from the episode's own columns when the result has none)."""
+    layers = [name for name in LAYER_COLUMNS if name in episodes.column_names]
+    heads = episodes.select([*HEAD_COLUMNS, *layers])
+    if FACTS_COLUMN not in episodes.column_names:
+        rows = episodes.select(["clip_count", *EPISODE_TYPES]).to_pylist()
+        for row in rows:
+            row["started_at"] = _micros(row["started_at"])
+        packed = [pack_facts([row]) for row in rows]
+        episodes = episodes.append_column(FACTS_COLUMN, pa.array(packed, type=pa.binary()))
+    bodies = episodes.select(list(BODY_COLUMNS)).to_batches()
+    return heads, bodies
+
+
+def _micros(value: Any) -> int:
+    if isinstance(value, int):
+        return value
+    delta = value - datetime(1970, 1, 1, tzinfo=UTC)
+    return int((delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds)
+
+
+def explode(episodes: pa.Table, size: int = BATCH_ROWS) -> pa.Table:
     """Episode rows -> one row per clip, the manifest's columns, as one table (pure)."""
-    exploder = Exploder(episodes)
-    return pa.Table.from_batches(list(exploder.batches()), schema=exploder.schema)
+    heads, bodies = heads_and_bodies(episodes)
+    exploder = Exploder(heads, size)
+    batches = list(exploder.batches(bodies, reuse=False))
+    return pa.Table.from_batches(batches)
+
+
+def _streamed(
+    indices: NDArray[Any],
+    memos: dict[str, _Memo],
+    counts: dict[str, int],
+    types: dict[str, pa.DataType],
+    name: str,
+) -> pa.DictionaryArray:
+    """A streamed dictionary column: codes into the values its batch has seen, in the type the
+    first batch fixed."""
+    index_type = types[name]
+    return pa.DictionaryArray.from_arrays(
+        pa.array(indices.astype(index_type.to_pandas_dtype(), copy=False), type=index_type),
+        memos[name].dictionary(counts[name]),
+    )

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import itertools
 from datetime import datetime
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from schemas.layers import LATEST, LayerKind
 from services.common.settings import CurationSettings
-from services.metadata.packing import PACKED_COLUMN
+from services.metadata.packing import FACTS_COLUMN, PACKED_COLUMN
 from services.metadata.warehouse import TIMING_COLUMNS
 
 MANIFEST_FORMAT_VERSION = 5
@@ -43,6 +44,27 @@ EPISODE_COLUMNS = """
     m.duplicate_of,
 """ + ",\n".join(f"    m.{name}" for name in TIMING_COLUMNS)
 COLUMNS = f"{EPISODE_COLUMNS.strip()},\n    m.{PACKED_COLUMN}"
+
+# The episode-level columns split between the build's two passes over the same rows (one
+# snapshot, services/manifest/snapshot.py): the *heads*, read first (a covering index holds
+# them), give the dictionaries that must precede the first record batch of the file: the
+# unique strings (the heads themselves are their dictionaries) and the shared ones whose
+# distinct values come from the heads. The *bodies* (everything else: the packed facts and
+# clips, the shard keys, a few shared strings) then stream while the file is written; their
+# shared strings' dictionaries grow as values first appear (delta dictionary batches).
+HEAD_COLUMNS = (
+    "episode_id",
+    "session_id",
+    "raw_key",
+    "raw_sha256",
+    "clip_count",
+    "split",
+    "verdict",
+    "pipeline_version",
+)
+HEAD_SHARED = ("session_id", "split", "verdict", "pipeline_version")
+STREAMED_SHARED = ("device_id", "codec", "stream_labels")
+BODY_COLUMNS = (*STREAMED_SHARED, "duplicate_of", FACTS_COLUMN, "shard_keys", PACKED_COLUMN)
 
 
 class ExposureBounds(BaseModel):
@@ -169,10 +191,18 @@ LAYER_JOINS: dict[str, tuple[str, str]] = {
 }
 
 
+Part = Literal["all", "heads", "bodies"]
+
+
 def build_query(
-    flt: ManifestFilter, key_range: KeyRange = (None, None)
+    flt: ManifestFilter, key_range: KeyRange = (None, None), part: Part = "all"
 ) -> tuple[str, list[object]]:
     """The manifest SQL and its positional parameters.
+
+    `part` selects the columns: `all`, the query a manifest records (one row per episode with
+    every column); `heads` and `bodies`, the build's two passes over the same rows in the same
+    order (services/manifest/explode.py HEAD_COLUMNS, BODY_COLUMNS; the layer columns are
+    heads).
 
     `key_range` (first episode id included, last excluded; None: open) restricts the same query
     to a slice of the primary key, so the build can run slices on parallel connections and
@@ -234,7 +264,7 @@ def build_query(
     if flt.exclude_duplicates:
         where.append("m.duplicate_of IS NULL")
     joins, layer_columns = [], []
-    for kind, version in flt.layers.items():  # sorted by kind (the filter's validator)
+    for kind, version in flt.layers.items() if part != "bodies" else ():
         if version == LATEST:
             raise ValueError(f"--layer {kind}=latest must be resolved before the query is built")
         column, join = LAYER_JOINS[kind]
@@ -252,7 +282,12 @@ def build_query(
         where.append(f"m.episode_id >= {bind(low)}")
     if high is not None:
         where.append(f"m.episode_id < {bind(high)}")
-    columns = ",\n".join([COLUMNS, *(f"    {c}" for c in layer_columns)])
+    selected = {
+        "all": COLUMNS,
+        "heads": ",\n".join(f"    m.{name}" for name in HEAD_COLUMNS),
+        "bodies": ",\n".join(f"    m.{name}" for name in BODY_COLUMNS),
+    }[part]
+    columns = ",\n".join([selected, *(f"    {c}" for c in layer_columns)])
     sql = (
         f"SELECT {columns}\nFROM manifest_episodes m\n"
         + "".join(f"{join}\n" for join in joins)

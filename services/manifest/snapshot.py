@@ -8,9 +8,11 @@ by COPY (bound values rendered as literals: see `render`). Measurements: docs/pe
 
 from __future__ import annotations
 
+import contextlib
+import queue
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -22,7 +24,9 @@ from psycopg import sql as psql
 
 from services.manifest.query import (
     HISTOGRAM_SQL,
+    KeyRange,
     ManifestFilter,
+    Part,
     build_query,
     key_ranges,
     split_points,
@@ -85,3 +89,105 @@ def fetch_episodes(
             parts = list(pool.map(one, statements))
         coordinator.execute("COMMIT")
     return pa.Table.from_batches([b for _, part in parts for b in part], schema=parts[0][0])
+
+
+class Snapshot:
+    """One exported snapshot held open by a coordinator connection, in which the build reads
+    its heads (parallel key-range slices, concatenated in key order) and streams its bodies
+    (one connection, read ahead on a thread while the caller explodes and writes). Both passes
+    run the same filter and order in the same snapshot, so they return the same rows in the
+    same order."""
+
+    def __init__(self, database_url: str, flt: ManifestFilter, parallel: int = 2) -> None:
+        self.database_url = database_url
+        self.flt = flt
+        self._coordinator = psycopg.connect(database_url, autocommit=True)
+        try:
+            self._coordinator.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            found = self._coordinator.execute(HISTOGRAM_SQL).fetchone()
+            exported = self._coordinator.execute("SELECT pg_export_snapshot()").fetchone()
+            assert exported is not None
+            self.snapshot = str(exported[0])
+            self.ranges = key_ranges(split_points(found[0] if found else None, parallel))
+        except BaseException:
+            self._coordinator.close()
+            raise
+
+    def __enter__(self) -> Snapshot:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with contextlib.suppress(psycopg.Error):
+            self._coordinator.execute("COMMIT")
+        self._coordinator.close()
+
+    def _statement(self, part: Part, key_range: KeyRange = (None, None)) -> str:
+        return render(*build_query(self.flt, key_range, part), self._coordinator)
+
+    def _open(self, statement: str) -> tuple[Any, Any, pa.RecordBatchReader]:
+        conn = adbc.connect(self.database_url, autocommit=True)
+        cur = conn.cursor()
+        cur.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        cur.execute(f"SET TRANSACTION SNAPSHOT '{self.snapshot}'")
+        cur.execute(statement)
+        return conn, cur, cur.fetch_record_batch()
+
+    def heads(self) -> pa.Table:
+        """Every row's heads, in key order."""
+        statements = [self._statement("heads", key_range) for key_range in self.ranges]
+
+        def one(statement: str) -> tuple[pa.Schema, list[pa.RecordBatch]]:
+            conn, cur, reader = self._open(statement)
+            try:
+                batches = list(reader)
+                cur.execute("COMMIT")
+            finally:
+                cur.close()
+                conn.close()
+            return reader.schema, batches
+
+        with ThreadPoolExecutor(len(statements)) as pool:
+            parts = list(pool.map(one, statements))
+        return pa.Table.from_batches([b for _, part in parts for b in part], schema=parts[0][0])
+
+    def bodies(self, ahead: int = 8) -> Generator[pa.RecordBatch, None, None]:
+        """Every row's bodies in key order, as ADBC returns them: read on a thread up to
+        `ahead` batches before the caller (the parse overlaps the explode and the write).
+        Closing the iterator early stops the read."""
+        chunks: queue.Queue[pa.RecordBatch | BaseException | None] = queue.Queue(ahead)
+        stop = threading.Event()
+        conn, cur, reader = self._open(self._statement("bodies"))
+
+        def read() -> None:
+            try:
+                for batch in reader:
+                    while not stop.is_set():
+                        try:
+                            chunks.put(batch, timeout=0.1)
+                            break
+                        except queue.Full:
+                            continue
+                    if stop.is_set():
+                        return
+                chunks.put(None)
+            except BaseException as error:  # handed to the caller
+                chunks.put(error)
+
+        thread = threading.Thread(target=read, name="egoline-bodies", daemon=True)
+        thread.start()
+        try:
+            while True:
+                item = chunks.get()
+                if item is None:
+                    break
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+            cur.execute("COMMIT")
+        finally:
+            stop.set()
+            thread.join()
+            with contextlib.suppress(Exception):
+                cur.close()
+            with contextlib.suppress(Exception):
+                conn.close()

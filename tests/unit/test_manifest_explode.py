@@ -15,7 +15,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 from sqlalchemy.dialects import postgresql
 
-from services.manifest.explode import MANIFEST_COLUMNS, Exploder, explode
+from services.manifest.explode import (
+    MANIFEST_COLUMNS,
+    Exploder,
+    Widen,
+    explode,
+    heads_and_bodies,
+)
 from services.manifest.lineage import lineage_query, mismatches
 from services.manifest.load import load_manifest, with_clip_key
 from services.manifest.query import ManifestFilter, build_query, key_ranges, split_points
@@ -220,15 +226,21 @@ def test_batches_cut_across_result_chunks_and_cache_runs_give_the_same_rows(
     chunked = pa.concat_tables([episode_rows(episodes[i : i + 2]) for i in range(0, 9, 2)])
     assert chunked.column(PACKED_COLUMN).num_chunks == 5
     monkeypatch.setattr("services.manifest.explode.CACHE_RECORDS", 2)
-    exploder = Exploder(chunked)
-    batches = list(exploder.batches(size=5))
+    heads, bodies = heads_and_bodies(chunked)
+    assert len(bodies) == 5
+    batches = list(Exploder(heads, size=5).batches(bodies, reuse=False))
     assert [b.num_rows for b in batches] == [5] * 7 + [1]
     got = pa.Table.from_batches(batches).to_pylist()
     assert got == explode(whole).to_pylist()
     assert [(r["episode_id"], r["clip_index"]) for r in got] == [
         (f"ep{i}", j) for i in range(9) for j in range(i)
     ]
-    # Reused buffers (the write path): each batch is written before the next overwrites them.
-    path = tmp_path / "reused.arrow"
-    write_batches(exploder.schema, exploder.batches(size=5, reuse=True), path)
+    # Reused buffers (the write path): each batch is written before the next overwrites them;
+    # the bodies' chunking does not change a byte.
+    path, again = tmp_path / "reused.arrow", tmp_path / "whole.arrow"
+    exploder = Exploder(heads, size=5)
+    first = write_batches(exploder.batches(bodies), path)
+    heads, bodies = heads_and_bodies(whole)
+    assert len(bodies) == 1
+    assert write_batches(Exploder(heads, size=5).batches(bodies), again) == first
     assert load_manifest(path).to_pylist() == got
