@@ -256,9 +256,11 @@ class _Memo:
         return bisect.bisect_right(self.first_episode, episode)
 
     def dictionary(self, count: int) -> pa.Array:
-        if len(self._array) != len(self.values):
-            self._array = pa.array(self.values, type=pa.string())
-        return self._array.slice(0, count)
+        """The first `count` values, in buffers of their own (a slice of a longer array would
+        write different bytes: the file must depend on the rows only)."""
+        if len(self._array) != count:
+            self._array = pa.array(self.values[:count], type=pa.string())
+        return self._array
 
 
 @dataclass

@@ -244,7 +244,7 @@ def test_rendered_literals_are_the_values_the_server_would_bind(
 
 
 def adbc_rows(settings: Settings, statement: str) -> list[tuple[Any, ...]]:
-    """Run `statement` as `fetch_episodes` does: an ADBC connection, the result streamed as
+    """Run `statement` as the build's `Snapshot` does: an ADBC connection, the result streamed as
     Arrow record batches (the driver's COPY path, taken for a statement without parameters)."""
     with adbc.connect(settings.database_libpq_url, autocommit=True) as conn, conn.cursor() as cur:
         cur.execute(statement)

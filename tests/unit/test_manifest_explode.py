@@ -244,3 +244,21 @@ def test_batches_cut_across_result_chunks_and_cache_runs_give_the_same_rows(
     assert len(bodies) == 1
     assert write_batches(Exploder(heads, size=5).batches(bodies), again) == first
     assert load_manifest(path).to_pylist() == got
+
+
+def test_a_streamed_dictionary_that_outgrows_its_first_index_type_widens_and_starts_again() -> None:
+    # 200 devices: the first batch of 100 clips sees 100 (int8 holds them), the second 200.
+    whole = episode_rows(
+        [episode(f"ep{i:03d}", f"dev{i:03d}", ["s"], [clip(0, 0)]) for i in range(200)]
+    )
+    heads, bodies = heads_and_bodies(whole)
+    with pytest.raises(Widen) as widened:
+        list(Exploder(heads, size=100).batches(bodies, reuse=False))
+    assert widened.value.types == {"device_id": pa.int16()}
+    batches = list(
+        Exploder(heads, size=100, types=widened.value.types).batches(bodies, reuse=False)
+    )
+    assert {b.column("device_id").type.index_type for b in batches} == {pa.int16()}
+    table = pa.Table.from_batches(batches)
+    assert table.to_pylist() == explode(whole).to_pylist()
+    assert explode(whole).column("device_id").type.index_type == pa.int16()  # the narrowest
