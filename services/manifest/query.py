@@ -18,7 +18,7 @@ from services.common.settings import CurationSettings
 from services.metadata.packing import FACTS_COLUMN, PACKED_COLUMN
 from services.metadata.warehouse import TIMING_COLUMNS
 
-MANIFEST_FORMAT_VERSION = 5
+MANIFEST_FORMAT_VERSION = 6
 
 # Episode-level columns: one row per (pipeline version, episode) of `manifest_episodes`; the
 # build explodes each into its clips (`clip_count`, `shard_keys`, the packed `clips` records).

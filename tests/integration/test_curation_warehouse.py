@@ -453,7 +453,7 @@ def test_manifest_rows_carry_quality_and_duplicate_of_and_inspect_shows_them(
     shown = CliRunner().invoke(app, ["manifest", "inspect", str(built.local_path)])
     assert shown.exit_code == 0, shown.output
     summary = json.loads(shown.stdout.strip().splitlines()[-1])
-    assert summary["format_version"] == 5
+    assert summary["format_version"] == 6
     assert summary["duplicate_rows"] == 12
     assert summary["duplicates_of"] == ["cur-clean", "cur-imu-orig"]
     assert summary["quality"]["motion"]["nulls"] == 3

@@ -229,7 +229,7 @@ def test_a_pinned_manifest_is_byte_identical_after_a_newer_version_and_latest_mo
         "calibration": "latest"}}))  # fmt: skip
     assert latest.manifest_id != first.manifest_id and latest.layers == {"calibration": "v2"}
     meta = manifest_metadata(load_manifest(latest.local_path))
-    assert meta["version"] == 5 and meta["layers"] == {"calibration": "v2"}
+    assert meta["version"] == 6 and meta["layers"] == {"calibration": "v2"}
     assert meta["filter"]["layers"] == {"calibration": "v2"}  # resolved, as built
     with psycopg.connect(settings.database_libpq_url) as conn:
         found = conn.execute("SELECT manifest_id, layers FROM manifests").fetchall()

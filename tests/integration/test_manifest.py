@@ -400,5 +400,5 @@ def test_polars_and_duckdb_read_the_manifest_file_as_it_is(
     shown = CliRunner().invoke(app, ["manifest", "inspect", str(built.local_path), "--rows", "2"])
     assert shown.exit_code == 0, shown.output
     summary = json.loads(shown.stdout.strip().splitlines()[-1])
-    assert summary["rows"] == manifest.num_rows and summary["format_version"] == 5
+    assert summary["rows"] == manifest.num_rows and summary["format_version"] == 6
     assert summary["filter"]["pipeline_version"] == "v1" and summary["bytes"] > 0
