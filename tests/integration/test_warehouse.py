@@ -23,4 +23,4 @@ def test_migrations_build_exactly_the_modelled_schema(fresh_database: FreshDatab
         version = conn.exec_driver_sql("SELECT version_num FROM alembic_version").scalar()
     engine.dispose()
     assert diff == [], f"models and migrations differ: {diff}"
-    assert version == "0011"
+    assert version == "0012"
