@@ -50,7 +50,7 @@ from services.media.members import member_labels
 from services.metadata.duplicates import near_duplicate_statements, signature_statements
 from services.metadata.imu_duplicates import imu_signature_statements
 from services.metadata.layers import annotated_statement, check_version, layer_content
-from services.metadata.packing import PACKED_COLUMN, pack_sql
+from services.metadata.packing import FACTS_COLUMN, PACKED_COLUMN, facts_sql, pack_sql
 from services.metadata.warehouse import (
     CLIP_QUALITY_COLUMNS,
     EPISODE_QUALITY_COLUMNS,
@@ -272,9 +272,9 @@ INSERT INTO manifest_episodes AS m (
     pipeline_version, episode_id, device_id, session_id, started_at, split, tags, verdict,
     warning_count, codec, width, height, fps, raw_key, raw_sha256, clip_count, shard_keys,
     stream_labels, stream_count, salvaged, {timing_columns}, {quality_columns},
-    {packed_columns}, duplicate_of, duplicate_kind
+    {packed_columns}, {facts_column}, duplicate_of, duplicate_kind
 )
-SELECT g.*, dup.duplicate_of, dup.kind
+SELECT g.*, {facts_values} AS {facts_column}, dup.duplicate_of, dup.kind
 FROM g
 LEFT JOIN LATERAL (
     SELECT x.duplicate_of, x.kind FROM (
@@ -318,6 +318,7 @@ _REFRESHED = (
     *TIMING_COLUMNS,
     *EPISODE_QUALITY_COLUMNS,
     PACKED_COLUMN,
+    FACTS_COLUMN,
     "duplicate_of",
     "duplicate_kind",
 )
@@ -340,6 +341,8 @@ def _refresh_sql(where: str) -> str:
         where=where,
         packed_columns=PACKED_COLUMN,
         packed_values=pack_sql(),
+        facts_column=FACTS_COLUMN,
+        facts_values=facts_sql(),
         timing_columns=", ".join(TIMING_COLUMNS),
         timing_values=", ".join(f"d.{name}" for name in TIMING_COLUMNS),
         quality_columns=", ".join(EPISODE_QUALITY_COLUMNS),

@@ -28,7 +28,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY, BYTEA, JSONB, REAL
 
 from services.common.settings import Settings
-from services.metadata.packing import PACKED_COLUMN, TIMING_FIELDS
+from services.metadata.packing import FACTS_COLUMN, PACKED_COLUMN, TIMING_FIELDS
 
 metadata = MetaData()
 
@@ -205,6 +205,7 @@ manifest_episodes = Table(
     Column("clip_count", Integer, nullable=False),
     Column("shard_keys", ARRAY(String(1024)), nullable=False),
     Column(PACKED_COLUMN, BYTEA, nullable=False),
+    Column(FACTS_COLUMN, BYTEA, nullable=False),
     Column("stream_labels", String(512), nullable=False, server_default="main"),
     Column("stream_count", Integer, nullable=False, server_default="1"),
     Column("salvaged", Boolean, nullable=False, server_default="false"),
@@ -215,6 +216,20 @@ manifest_episodes = Table(
     Index("ix_manifest_episodes_started", "pipeline_version", "started_at"),
     Index("ix_manifest_episodes_device", "pipeline_version", "device_id"),
     Index("ix_manifest_episodes_tags", "tags", postgresql_using="gin"),
+    # Covers the manifest build's first pass over episode heads: an index-only scan.
+    Index(
+        "ix_manifest_episodes_heads",
+        "pipeline_version",
+        "episode_id",
+        postgresql_include=[
+            "session_id",
+            "raw_key",
+            "raw_sha256",
+            "clip_count",
+            "verdict",
+            "split",
+        ],
+    ),
 )
 
 # Content signals summarized per episode and pipeline version (from `EpisodeValidated.signals`),

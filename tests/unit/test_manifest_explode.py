@@ -26,7 +26,19 @@ from services.manifest.lineage import lineage_query, mismatches
 from services.manifest.load import load_manifest, with_clip_key
 from services.manifest.query import ManifestFilter, build_query, key_ranges, split_points
 from services.manifest.write import write_batches
-from services.metadata.packing import FIELDS, PACKED_COLUMN, RECORD, pack, pack_sql, unpack
+from services.metadata.packing import (
+    FACT_FIELDS,
+    FACTS,
+    FIELDS,
+    PACKED_COLUMN,
+    RECORD,
+    fact_records,
+    facts_sql,
+    pack,
+    pack_facts,
+    pack_sql,
+    unpack,
+)
 
 
 # float4 fields hold integers exactly up to 2^24
@@ -61,6 +73,46 @@ def test_pack_sql_concatenates_every_field_in_order_and_orders_clips_by_index() 
     positions = [aggregate.index(f"{fn}({expr})") for _, expr, fn, _ in FIELDS]
     assert positions == sorted(positions)
     assert aggregate.endswith("ORDER BY c.clip_index)")
+
+
+def test_facts_round_trip_field_by_field_as_native_values() -> None:
+    # Given two episodes' facts, every value distinct (microseconds since the epoch, counts,
+    # frame size and rate, timing figures)
+    rows = [
+        {
+            "started_at": 1_767_225_600_123_456 + n,
+            "warning_count": 2 + n,
+            "width": 1920 + n,
+            "height": 1080 + n,
+            "fps": 29.97 + n,
+            "clip_count": 7 + n,
+            "stream_count": 3 + n,
+            "max_jitter_s": 0.001 + n,
+            "max_frame_gap_s": 0.05 + n,
+            "max_drift_ppm": -12.5 + n,
+            "camera_skew_s": 0.02 + n,
+            "imu_skew_s": -0.003 + n,
+            "imu_rate_hz": 200.0 + n,
+        }
+        for n in range(2)
+    ]
+    # When packed and read back
+    packed = pack_facts(rows)
+    records = fact_records(packed)
+    # Then each record is 84 bytes and each field comes back as the native value it was
+    assert FACTS.itemsize == 84 and len(packed) == 2 * 84
+    assert [name for name, *_ in FACT_FIELDS] == list(rows[0])
+    for name in FACTS.names or ():
+        native = records[name].astype(records[name].dtype.newbyteorder("="))
+        assert native.tolist() == [row[name] for row in rows], name
+        assert type(native.tolist()[0]) is type(rows[0][name]), name
+    assert packed[:8] == rows[0]["started_at"].to_bytes(8, "big")  # int8, big-endian
+
+
+def test_facts_sql_concatenates_every_field_in_order() -> None:
+    expression = facts_sql()
+    positions = [expression.index(f"{fn}({expr})") for _, expr, fn, _ in FACT_FIELDS]
+    assert positions == sorted(positions) and len(positions) == 13
 
 
 def episode_rows(episodes: list[dict[str, Any]]) -> pa.Table:
