@@ -25,7 +25,7 @@ from services.manifest.explode import Exploder, Widen
 from services.manifest.index import Indexed, IndexFacts, ManifestRecord, MemberCopy, set_family
 from services.manifest.members import members_of_episodes
 from services.manifest.query import ManifestFilter, build_query
-from services.manifest.snapshot import Progress, Snapshot
+from services.manifest.snapshot import Bodies, Progress, Snapshot
 from services.manifest.write import schema_metadata, write_batches
 from services.metadata.layers import resolve_versions
 from services.metadata.warehouse import layer_versions, manifests
@@ -112,6 +112,7 @@ def _stream(
     staging: Path,
     metadata: dict[bytes, bytes],
     progress: Progress | None,
+    first: Bodies | None = None,
 ) -> tuple[str, Exploder]:
     """Stream the bodies through the explode into the file; again with wider index types if a
     streamed dictionary outgrew the ones the first batch fixed (the file then is what it would
@@ -119,9 +120,9 @@ def _stream(
     hint: dict[str, pa.DataType] = {}
     while True:
         exploder = Exploder(heads, types=hint)
-        bodies = snapshot.bodies()
+        bodies, first = first or snapshot.bodies(), None
         try:
-            batches = exploder.batches(_reporting(bodies, exploder, progress))
+            batches = exploder.batches(_reporting(iter(bodies), exploder, progress))
             return write_batches(batches, staging, metadata), exploder
         except Widen as widen:
             hint.update(widen.types)
@@ -158,9 +159,14 @@ def build_manifest(
     staging = out_dir / "manifest.arrow.partial"
     started = time.perf_counter()
     with Snapshot(database_url, flt, parallel) as snapshot:
-        heads = snapshot.heads()
+        bodies = snapshot.bodies()  # read from now on, while the heads come
+        try:
+            heads = snapshot.heads()
+        except BaseException:
+            bodies.close()
+            raise
         fetched = time.perf_counter()
-        manifest_id, exploder = _stream(snapshot, heads, staging, metadata, progress)
+        manifest_id, exploder = _stream(snapshot, heads, staging, metadata, progress, bodies)
     exploded = fetched  # the explode runs inside the stream (write_s)
     members: MemberCopy | None = None
     if index:

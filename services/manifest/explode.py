@@ -275,7 +275,6 @@ class _Chunk:
     list_starts: NDArray[np.int64]  # each episode's first shard in `shard_codes`
     shard_codes: NDArray[np.int32]
     codes: dict[str, NDArray[np.int32]]  # streamed shared strings, per episode
-    duplicate_null: NDArray[np.bool_]
     numbers: dict[str, NDArray[Any]]  # native-endian, per episode
 
 
@@ -312,7 +311,11 @@ class Exploder:
                 nulls = values.is_null().to_numpy(zero_copy_only=False)
                 self.layers[name] = (_encode(values.fill_null("")), nulls)
         self.columns = (*MANIFEST_COLUMNS, *self.layers)
-        self.memos = {name: _Memo() for name in (*STREAMED_SHARED, "duplicate_of", "shard_key")}
+        # duplicate_of: null for most episodes; encoded over its values, with a null mask.
+        duplicate = heads.column("duplicate_of").cast(pa.string())  # all-null: null type
+        self.duplicate = _encode(duplicate.fill_null(""))
+        self.duplicate_null = duplicate.is_null().to_numpy(zero_copy_only=False)
+        self.memos = {name: _Memo() for name in (*STREAMED_SHARED, "shard_key")}
         # Index types of the streamed dictionaries: fixed when the first batch is cut (the
         # schema), from what has been seen by then or what an earlier attempt needed (`types`).
         self.hint = dict(types or {})
@@ -347,8 +350,6 @@ class Exploder:
         codes = {
             name: self.memos[name].encode(body.column(name), episodes) for name in STREAMED_SHARED
         }
-        duplicate = body.column("duplicate_of").cast(pa.string())
-        codes["duplicate_of"] = self.memos["duplicate_of"].encode(duplicate.fill_null(""), episodes)
         numbers = {
             name: facts[name].astype(facts[name].dtype.newbyteorder("=")) for name in EPISODE_TYPES
         }
@@ -361,7 +362,6 @@ class Exploder:
             list_starts,
             shard_codes,
             codes,
-            duplicate.is_null().to_numpy(zero_copy_only=False),
             numbers,
         )
 
@@ -375,7 +375,6 @@ class Exploder:
         np.take(chunk.shard_codes, buf["flat"][:n], out=buf["shard_key"][:n], mode="clip")
         for name, codes in chunk.codes.items():
             np.take(codes, parent, out=buf[name][:n], mode="clip")
-        np.take(chunk.duplicate_null, parent, out=buf["duplicate_null"][:n], mode="clip")
         for name, values in chunk.numbers.items():
             np.take(values, parent, out=buf[name][:n], mode="clip")
 
@@ -387,9 +386,8 @@ class Exploder:
             for name in RECORD.names or ()
         }
         out["flat"] = np.empty(size, dtype=np.int64)
-        for name in (*STREAMED_SHARED, "duplicate_of", "shard_key"):
+        for name in (*STREAMED_SHARED, "shard_key"):
             out[name] = np.empty(size, dtype=np.int32)
-        out["duplicate_null"] = np.empty(size, dtype=np.bool_)
         for name in EPISODE_TYPES:
             out[name] = np.empty(size, dtype=FACTS[name].newbyteorder("="))
         return out
@@ -429,8 +427,13 @@ class Exploder:
         """The streamed dictionaries' index types: fixed by the first batch (the narrowest for
         its values, or what an earlier attempt needed); Widen if a later batch needs more."""
         if self.types is None:
-            self.types = {}
+            # A manifest has at most as many shards as clips: the shard keys' type is the one
+            # for that bound (known from the heads), so it never widens (the number of shards
+            # grows with the rows; the streamed strings are a fleet's few devices and codecs).
+            self.types = {"shard_key": _index_type(max(self.rows, 1))}
             for name, count in counts.items():
+                if name in self.types:
+                    continue
                 needed, hint = _index_type(count), self.hint.get(name)
                 wider = hint is not None and hint.bit_width > needed.bit_width
                 self.types[name] = hint if wider and hint is not None else needed
@@ -473,14 +476,7 @@ class Exploder:
         for name in QUALITY_FIELDS:
             values = b[name]
             out[name] = pa.array(values, type=pa.float32(), mask=np.isnan(values))
-        out["duplicate_of"] = pa.DictionaryArray.from_arrays(
-            pa.array(
-                b["duplicate_of"].astype(types["duplicate_of"].to_pandas_dtype()),
-                type=types["duplicate_of"],
-                mask=b["duplicate_null"],
-            ),
-            self.memos["duplicate_of"].dictionary(counts["duplicate_of"]),
-        )
+        out["duplicate_of"] = _nullable_dictionary(self.duplicate, self.duplicate_null, parent)
         for name, (encoded, nulls) in self.layers.items():
             out[name] = _nullable_dictionary(encoded, nulls, parent)
         for name, arrow_type in EPISODE_TYPES.items():

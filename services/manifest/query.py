@@ -61,10 +61,11 @@ HEAD_COLUMNS = (
     "split",
     "verdict",
     "pipeline_version",
+    "duplicate_of",
 )
 HEAD_SHARED = ("session_id", "split", "verdict", "pipeline_version")
 STREAMED_SHARED = ("device_id", "codec", "stream_labels")
-BODY_COLUMNS = (*STREAMED_SHARED, "duplicate_of", FACTS_COLUMN, "shard_keys", PACKED_COLUMN)
+BODY_COLUMNS = (*STREAMED_SHARED, FACTS_COLUMN, "shard_keys", PACKED_COLUMN)
 
 
 class ExposureBounds(BaseModel):

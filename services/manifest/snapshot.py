@@ -13,7 +13,7 @@ import contextlib
 import queue
 import re
 import threading
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -107,44 +107,55 @@ class Snapshot:
             parts = list(pool.map(one, statements))
         return pa.Table.from_batches([b for _, part in parts for b in part], schema=parts[0][0])
 
-    def bodies(self, ahead: int = 8) -> Generator[pa.RecordBatch, None, None]:
-        """Every row's bodies in key order, as ADBC returns them: read on a thread up to
-        `ahead` batches before the caller (the parse overlaps the explode and the write).
-        Closing the iterator early stops the read."""
-        chunks: queue.Queue[pa.RecordBatch | BaseException | None] = queue.Queue(ahead)
-        stop = threading.Event()
-        conn, cur, reader = self._open(self._statement("bodies"))
+    def bodies(self, ahead: int = 64) -> Bodies:
+        """Every row's bodies in key order, as ADBC returns them, read from now on on a thread
+        up to `ahead` batches before the caller (the parse overlaps the heads, the explode
+        and the write)."""
+        return Bodies(*self._open(self._statement("bodies")), ahead)
 
-        def read() -> None:
-            try:
-                for batch in reader:
-                    while not stop.is_set():
-                        try:
-                            chunks.put(batch, timeout=0.1)
-                            break
-                        except queue.Full:
-                            continue
-                    if stop.is_set():
-                        return
-                chunks.put(None)
-            except BaseException as error:  # handed to the caller
-                chunks.put(error)
 
-        thread = threading.Thread(target=read, name="egoline-bodies", daemon=True)
-        thread.start()
+class Bodies:
+    """A bodies query being read on a thread into a bounded queue; iterate once, then (or to
+    stop early) `close`."""
+
+    def __init__(self, conn: Any, cur: Any, reader: pa.RecordBatchReader, ahead: int) -> None:
+        self._conn, self._cur = conn, cur
+        self._chunks: queue.Queue[pa.RecordBatch | BaseException | None] = queue.Queue(ahead)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._read, args=(reader,), name="egoline-bodies", daemon=True
+        )
+        self._thread.start()
+
+    def _read(self, reader: pa.RecordBatchReader) -> None:
         try:
-            while True:
-                item = chunks.get()
-                if item is None:
-                    break
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-            cur.execute("COMMIT")
-        finally:
-            stop.set()
-            thread.join()
-            with contextlib.suppress(Exception):
-                cur.close()
-            with contextlib.suppress(Exception):
-                conn.close()
+            for batch in reader:
+                while not self._stop.is_set():
+                    try:
+                        self._chunks.put(batch, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if self._stop.is_set():
+                    return
+            self._chunks.put(None)
+        except BaseException as error:  # handed to the caller
+            self._chunks.put(error)
+
+    def __iter__(self) -> Iterator[pa.RecordBatch]:
+        while True:
+            item = self._chunks.get()
+            if item is None:
+                break
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+        self._cur.execute("COMMIT")
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        with contextlib.suppress(Exception):
+            self._cur.close()
+        with contextlib.suppress(Exception):
+            self._conn.close()

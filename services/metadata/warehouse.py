@@ -228,6 +228,7 @@ manifest_episodes = Table(
             "clip_count",
             "verdict",
             "split",
+            "duplicate_of",
         ],
     ),
 )

@@ -45,6 +45,7 @@ def upgrade() -> None:
             "clip_count",
             "verdict",
             "split",
+            "duplicate_of",
         ],
     )
 
