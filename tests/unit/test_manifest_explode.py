@@ -106,7 +106,7 @@ def test_facts_round_trip_field_by_field_as_native_values() -> None:
         native = records[name].astype(records[name].dtype.newbyteorder("="))
         assert native.tolist() == [row[name] for row in rows], name
         assert type(native.tolist()[0]) is type(rows[0][name]), name
-    assert packed[:8] == rows[0]["started_at"].to_bytes(8, "big")  # int8, big-endian
+    assert packed[:8] == int(rows[0]["started_at"]).to_bytes(8, "big")  # int8, big-endian
 
 
 def test_facts_sql_concatenates_every_field_in_order() -> None:
