@@ -21,7 +21,7 @@ from sqlalchemy import Engine, select
 from sqlalchemy.dialects.postgresql import insert
 
 from services.common.objectstore import ObjectStore
-from services.manifest.explode import Exploder, Widen
+from services.manifest.explode import Exploder
 from services.manifest.index import Indexed, IndexFacts, ManifestRecord, MemberCopy, set_family
 from services.manifest.members import members_of_episodes
 from services.manifest.query import ManifestFilter, build_query
@@ -107,27 +107,19 @@ def _reporting(
 
 
 def _stream(
-    snapshot: Snapshot,
     heads: pa.Table,
+    bodies: Bodies,
     staging: Path,
     metadata: dict[bytes, bytes],
     progress: Progress | None,
-    first: Bodies | None = None,
 ) -> tuple[str, Exploder]:
-    """Stream the bodies through the explode into the file; again with wider index types if a
-    streamed dictionary outgrew the ones the first batch fixed (the file then is what it would
-    have been with those types from the start)."""
-    hint: dict[str, pa.DataType] = {}
-    while True:
-        exploder = Exploder(heads, types=hint)
-        bodies, first = first or snapshot.bodies(), None
-        try:
-            batches = exploder.batches(_reporting(iter(bodies), exploder, progress))
-            return write_batches(batches, staging, metadata), exploder
-        except Widen as widen:
-            hint.update(widen.types)
-        finally:
-            bodies.close()
+    """Stream the bodies through the explode into the file."""
+    exploder = Exploder(heads)
+    try:
+        batches = exploder.batches(_reporting(iter(bodies), exploder, progress))
+        return write_batches(batches, staging, metadata), exploder
+    finally:
+        bodies.close()
 
 
 def build_manifest(
@@ -166,7 +158,7 @@ def build_manifest(
             bodies.close()
             raise
         fetched = time.perf_counter()
-        manifest_id, exploder = _stream(snapshot, heads, staging, metadata, progress, bodies)
+        manifest_id, exploder = _stream(heads, bodies, staging, metadata, progress)
     exploded = fetched  # the explode runs inside the stream (write_s)
     members: MemberCopy | None = None
     if index:

@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from numpy.typing import NDArray
 
-from services.manifest.query import BODY_COLUMNS, HEAD_COLUMNS, HEAD_SHARED, STREAMED_SHARED
+from services.manifest.query import BODY_COLUMNS, HEAD_COLUMNS, HEAD_SHARED
 from services.metadata.packing import (
     FACTS,
     FACTS_COLUMN,
@@ -214,20 +214,11 @@ EPISODE_TYPES: dict[str, pa.DataType] = {
 }
 
 
-class Widen(Exception):
-    """A streamed dictionary outgrew the index type the file's schema already fixed: the build
-    starts the bodies again with these (wider) types."""
-
-    def __init__(self, types: dict[str, pa.DataType]) -> None:
-        super().__init__(", ".join(f"{name}: {t}" for name, t in types.items()))
-        self.types = types
-
-
 class _Memo:
-    """A streamed string column's dictionary: values in order of first appearance (what
-    dictionary-encoding the whole column at once gives), grown chunk by chunk, each with the
-    episode it first appeared in, so a batch's dictionary is the values its episodes have seen,
-    however the bodies were chunked."""
+    """The shard keys' dictionary: values in order of first appearance (what dictionary-encoding
+    them all at once gives), grown chunk by chunk as the bodies stream, each with the episode it
+    first appeared in, so a batch's dictionary is the values its episodes have seen, however
+    the bodies were chunked."""
 
     def __init__(self) -> None:
         self.codes: dict[str, int] = {}
@@ -274,7 +265,6 @@ class _Chunk:
     clips: _Clips
     list_starts: NDArray[np.int64]  # each episode's first shard in `shard_codes`
     shard_codes: NDArray[np.int32]
-    codes: dict[str, NDArray[np.int32]]  # streamed shared strings, per episode
     numbers: dict[str, NDArray[Any]]  # native-endian, per episode
 
 
@@ -283,18 +273,13 @@ class Exploder:
     batch of `size` rows at a time (pure).
 
     The heads prepare what is known before the first body: the clip -> episode index, and the
-    dictionaries of the unique and head-shared strings. Each body chunk then adds its clips,
-    shard keys and streamed strings; a batch is index arithmetic plus copies of its own clip
-    rows into reused buffers, so memory stays at a batch however large the manifest is. The
-    batches are the same whatever the bodies' chunking: they cut at fixed clip rows.
+    dictionaries of the episodes' strings. Each body chunk then adds its clips and shard keys;
+    a batch is index arithmetic plus copies of its own clip rows into reused buffers, so memory
+    stays at a batch however large the manifest is. The batches are the same whatever the
+    bodies' chunking: they cut at fixed clip rows.
     """
 
-    def __init__(
-        self,
-        heads: pa.Table,
-        size: int = BATCH_ROWS,
-        types: dict[str, pa.DataType] | None = None,
-    ) -> None:
+    def __init__(self, heads: pa.Table, size: int = BATCH_ROWS) -> None:
         counts = heads.column("clip_count").to_numpy().astype(np.int64)
         self.counts = counts
         self.parent = np.repeat(np.arange(len(counts), dtype=np.int32), counts)
@@ -315,11 +300,10 @@ class Exploder:
         duplicate = heads.column("duplicate_of").cast(pa.string())  # all-null: null type
         self.duplicate = _encode(duplicate.fill_null(""))
         self.duplicate_null = duplicate.is_null().to_numpy(zero_copy_only=False)
-        self.memos = {name: _Memo() for name in (*STREAMED_SHARED, "shard_key")}
-        # Index types of the streamed dictionaries: fixed when the first batch is cut (the
-        # schema), from what has been seen by then or what an earlier attempt needed (`types`).
-        self.hint = dict(types or {})
-        self.types: dict[str, pa.DataType] | None = None
+        self.shards = _Memo()
+        # The shard keys' index type is fixed before their values are known (the first batch
+        # is written before the last shard is seen): the one for the bound, one shard a clip.
+        self.shard_type = _index_type(max(self.rows, 1))
         self.clip_index = np.empty(self.rows, dtype=np.int32)  # every clip's, for the members
         self.episodes_seen = 0
 
@@ -344,12 +328,9 @@ class Exploder:
         list_starts = offsets[:-1].astype(np.int64) - int(offsets[0])
         episodes = np.arange(first, first + count, dtype=np.int64)
         lengths = np.diff(offsets).astype(np.int64)
-        shard_codes = self.memos["shard_key"].encode(
+        shard_codes = self.shards.encode(
             shard_lists.flatten().cast(pa.string()), np.repeat(episodes, lengths)
         )
-        codes = {
-            name: self.memos[name].encode(body.column(name), episodes) for name in STREAMED_SHARED
-        }
         numbers = {
             name: facts[name].astype(facts[name].dtype.newbyteorder("=")) for name in EPISODE_TYPES
         }
@@ -361,7 +342,6 @@ class Exploder:
             clips,
             list_starts,
             shard_codes,
-            codes,
             numbers,
         )
 
@@ -373,8 +353,6 @@ class Exploder:
         np.take(chunk.list_starts, parent, out=buf["flat"][:n], mode="clip")
         buf["flat"][:n] += buf["shard_no"][:n]
         np.take(chunk.shard_codes, buf["flat"][:n], out=buf["shard_key"][:n], mode="clip")
-        for name, codes in chunk.codes.items():
-            np.take(codes, parent, out=buf[name][:n], mode="clip")
         for name, values in chunk.numbers.items():
             np.take(values, parent, out=buf[name][:n], mode="clip")
 
@@ -386,8 +364,7 @@ class Exploder:
             for name in RECORD.names or ()
         }
         out["flat"] = np.empty(size, dtype=np.int64)
-        for name in (*STREAMED_SHARED, "shard_key"):
-            out[name] = np.empty(size, dtype=np.int32)
+        out["shard_key"] = np.empty(size, dtype=np.int32)
         for name in EPISODE_TYPES:
             out[name] = np.empty(size, dtype=FACTS[name].newbyteorder("="))
         return out
@@ -397,8 +374,7 @@ class Exploder:
     ) -> Iterator[pa.RecordBatch]:
         """The clip rows in batches of `size` (the last one shorter), built as the bodies come.
         With `reuse` (a writer, done with each batch before the next) every batch is built in
-        the same buffers; without it, each in its own. Raises Widen when a streamed dictionary
-        outgrows the index type the first batch fixed."""
+        the same buffers; without it, each in its own."""
         buf = self.buffers()
         start, fill = 0, 0  # the batch's first clip row; rows of it placed so far
         for body in bodies:
@@ -423,38 +399,19 @@ class Exploder:
         if fill or self.rows == 0:
             yield self._batch(start, fill, buf)
 
-    def _fix_types(self, counts: dict[str, int]) -> dict[str, pa.DataType]:
-        """The streamed dictionaries' index types: fixed by the first batch (the narrowest for
-        its values, or what an earlier attempt needed); Widen if a later batch needs more."""
-        if self.types is None:
-            # A manifest has at most as many shards as clips: the shard keys' type is the one
-            # for that bound (known from the heads), so it never widens (the number of shards
-            # grows with the rows; the streamed strings are a fleet's few devices and codecs).
-            self.types = {"shard_key": _index_type(max(self.rows, 1))}
-            for name, count in counts.items():
-                if name in self.types:
-                    continue
-                needed, hint = _index_type(count), self.hint.get(name)
-                wider = hint is not None and hint.bit_width > needed.bit_width
-                self.types[name] = hint if wider and hint is not None else needed
-        grown = {
-            name: _index_type(count)
-            for name, count in counts.items()
-            if _index_type(count).bit_width > self.types[name].bit_width
-        }
-        if grown:
-            raise Widen(grown)
-        return self.types
-
     def _batch(self, start: int, size: int, buf: dict[str, NDArray[Any]]) -> pa.RecordBatch:
         parent = self.parent[start : start + size]
-        last = int(parent[-1]) if size else -1
-        counts = {name: memo.upto(last) for name, memo in self.memos.items()}
-        types = self._fix_types(counts)
+        seen = self.shards.upto(int(parent[-1]) if size else -1)
         b = {name: values[:size] for name, values in buf.items()}
         self.clip_index[start : start + size] = b["clip_index"]
         out: dict[str, pa.Array] = {
-            "shard_key": _streamed(b["shard_key"], self.memos, counts, types, "shard_key"),
+            "shard_key": pa.DictionaryArray.from_arrays(
+                pa.array(
+                    b["shard_key"].astype(self.shard_type.to_pandas_dtype(), copy=False),
+                    type=self.shard_type,
+                ),
+                self.shards.dictionary(seen),
+            ),
             "byte_offset": pa.array(b["byte_offset"], type=pa.int64()),
             "json_offset": pa.array(b["json_offset"], type=pa.int64()),
             "length": pa.array(b["length"], type=pa.int32()),
@@ -471,8 +428,6 @@ class Exploder:
             out[name] = _dictionary(parent, values)
         for name, (dictionary, codes) in self.shared.items():
             out[name] = _dictionary(np.take(codes, parent, mode="clip"), dictionary)
-        for name in STREAMED_SHARED:
-            out[name] = _streamed(b[name], self.memos, counts, types, name)
         for name in QUALITY_FIELDS:
             values = b[name]
             out[name] = pa.array(values, type=pa.float32(), mask=np.isnan(values))
@@ -524,19 +479,3 @@ def explode(episodes: pa.Table, size: int = BATCH_ROWS) -> pa.Table:
     exploder = Exploder(heads, size)
     batches = list(exploder.batches(bodies, reuse=False))
     return pa.Table.from_batches(batches)
-
-
-def _streamed(
-    indices: NDArray[Any],
-    memos: dict[str, _Memo],
-    counts: dict[str, int],
-    types: dict[str, pa.DataType],
-    name: str,
-) -> pa.DictionaryArray:
-    """A streamed dictionary column: codes into the values its batch has seen, in the type the
-    first batch fixed."""
-    index_type = types[name]
-    return pa.DictionaryArray.from_arrays(
-        pa.array(indices.astype(index_type.to_pandas_dtype(), copy=False), type=index_type),
-        memos[name].dictionary(counts[name]),
-    )

@@ -62,10 +62,20 @@ HEAD_COLUMNS = (
     "verdict",
     "pipeline_version",
     "duplicate_of",
+    "device_id",
+    "codec",
+    "stream_labels",
 )
-HEAD_SHARED = ("session_id", "split", "verdict", "pipeline_version")
-STREAMED_SHARED = ("device_id", "codec", "stream_labels")
-BODY_COLUMNS = (*STREAMED_SHARED, FACTS_COLUMN, "shard_keys", PACKED_COLUMN)
+HEAD_SHARED = (
+    "device_id",
+    "session_id",
+    "split",
+    "verdict",
+    "codec",
+    "pipeline_version",
+    "stream_labels",
+)
+BODY_COLUMNS = (FACTS_COLUMN, "shard_keys", PACKED_COLUMN)
 
 
 class ExposureBounds(BaseModel):

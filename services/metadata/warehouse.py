@@ -229,6 +229,9 @@ manifest_episodes = Table(
             "verdict",
             "split",
             "duplicate_of",
+            "device_id",
+            "codec",
+            "stream_labels",
         ],
     ),
 )

@@ -18,7 +18,6 @@ from sqlalchemy.dialects import postgresql
 from services.manifest.explode import (
     MANIFEST_COLUMNS,
     Exploder,
-    Widen,
     explode,
     heads_and_bodies,
 )
@@ -298,19 +297,20 @@ def test_batches_cut_across_result_chunks_and_cache_runs_give_the_same_rows(
     assert load_manifest(path).to_pylist() == got
 
 
-def test_a_streamed_dictionary_that_outgrows_its_first_index_type_widens_and_starts_again() -> None:
-    # 200 devices: the first batch of 100 clips sees 100 (int8 holds them), the second 200.
+def test_shard_keys_stream_as_delta_dictionaries_in_the_type_of_the_row_bound(
+    tmp_path: Path,
+) -> None:
+    # 200 clips in 200 shards: the first batch of 100 sees 100 of them, the second the rest;
+    # the index type (fixed before the last shard is seen) is the one for 200 rows.
     whole = episode_rows(
-        [episode(f"ep{i:03d}", f"dev{i:03d}", ["s"], [clip(0, 0)]) for i in range(200)]
+        [episode(f"ep{i:03d}", "dev", [f"shard{i:03d}"], [clip(0, 0)]) for i in range(200)]
     )
     heads, bodies = heads_and_bodies(whole)
-    with pytest.raises(Widen) as widened:
-        list(Exploder(heads, size=100).batches(bodies, reuse=False))
-    assert widened.value.types == {"device_id": pa.int16()}
-    batches = list(
-        Exploder(heads, size=100, types=widened.value.types).batches(bodies, reuse=False)
-    )
-    assert {b.column("device_id").type.index_type for b in batches} == {pa.int16()}
-    table = pa.Table.from_batches(batches)
-    assert table.to_pylist() == explode(whole).to_pylist()
-    assert explode(whole).column("device_id").type.index_type == pa.int16()  # the narrowest
+    batches = list(Exploder(heads, size=100).batches(bodies, reuse=False))
+    assert [len(b.column("shard_key").dictionary) for b in batches] == [100, 200]
+    assert {b.column("shard_key").type.index_type for b in batches} == {pa.int16()}
+    path = tmp_path / "deltas.arrow"
+    write_batches(Exploder(heads, size=100).batches(heads_and_bodies(whole)[1]), path)
+    loaded = load_manifest(path)
+    assert loaded.column("shard_key").to_pylist() == [f"shard{i:03d}" for i in range(200)]
+    assert loaded.to_pylist() == explode(whole).to_pylist()

@@ -46,6 +46,9 @@ def upgrade() -> None:
             "verdict",
             "split",
             "duplicate_of",
+            "device_id",
+            "codec",
+            "stream_labels",
         ],
     )
 
