@@ -8,8 +8,10 @@ processes started by `services.stack.fleet.Fleet` (one log per service under the
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -180,6 +182,9 @@ class Supervisor:
             if rec.state in (ServiceState.STARTING, ServiceState.RUNNING) and proc is not None:
                 code = proc.poll()
                 if code is not None:
+                    # Its session's other processes (pool workers) outlive a killed leader
+                    # and would never exit: stop them before a new one starts.
+                    reap_group(proc.pid)
                     rec.crashed(code, now, self.policy)
                     wait_s = (rec.next_start or now) - now
                     self.log(f"{service} exited ({code}); restart in {wait_s:.1f}s, see {rec.log}")
@@ -210,6 +215,12 @@ class Supervisor:
 
     def _save(self) -> None:
         write_up_state(self.stack_dir, self.state)
+
+
+def reap_group(pgid: int) -> None:
+    """SIGKILL whatever is left in the process group of a service that exited."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
 
 
 def pid_group_alive(pgid: int) -> bool:

@@ -133,6 +133,7 @@ def test_up_detach_shards_uploaded_episodes_restarts_a_crash_and_down_leaves_not
     assert state is not None
     sessions = {state.supervisor_pid}
     groups = {rec.pid for rec in state.services.values() if rec.pid is not None}
+    groups.add(decode_pid)  # the killed decode's group: its pool workers, orphaned
     groups |= {pid for pid in stack_pids.values() if pid is not None}
     assert processes_of(sessions, groups), "the check must see the running fleet first"
     down = egoline(up_env, "down")
