@@ -12,7 +12,6 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
@@ -28,33 +27,14 @@ from services.metadata.packing import (
     PACKED_COLUMN,
     RECORD,
     fact_records,
-    pack_facts,
     records,
 )
 from services.metadata.warehouse import TIMING_COLUMNS
 
-# Episode-level strings that repeat across episodes: dictionary-encoded over the distinct values.
-# The others (episode id, raw key and hash) are unique per episode: the episode rows themselves
-# are their dictionaries.
-SHARED_STRINGS = (
-    "device_id",
-    "session_id",
-    "split",
-    "verdict",
-    "codec",
-    "pipeline_version",
-    "stream_labels",
-)
+# Episode-level strings unique per episode (episode id, raw key and hash): the heads themselves
+# are their dictionaries. The others (`HEAD_SHARED`) are dictionary-encoded over their distinct
+# values.
 UNIQUE_STRINGS = ("episode_id", "raw_key", "raw_sha256")
-EPISODE_NUMBERS = (
-    "started_at",
-    "warning_count",
-    "width",
-    "height",
-    "fps",
-    "stream_count",
-    *TIMING_COLUMNS,
-)
 
 # A clip's quality values (float32 in the packed records, NaN there for unknown: null here).
 QUALITY_FIELDS = (
@@ -286,7 +266,6 @@ class Exploder:
         self.episode_rows = np.zeros(len(counts) + 1, dtype=np.int64)
         np.cumsum(counts, out=self.episode_rows[1:])
         self.size = max(1, min(size, self.rows)) if self.rows else 1
-        self.heads = heads
         self.unique = {name: heads.column(name).combine_chunks() for name in UNIQUE_STRINGS}
         self.shared = {name: _encode(heads.column(name)) for name in HEAD_SHARED}
         self.layers: dict[str, tuple[tuple[pa.Array, NDArray[Any]], NDArray[np.bool_]]] = {}
@@ -457,20 +436,19 @@ def heads_and_bodies(episodes: pa.Table) -> tuple[pa.Table, list[pa.RecordBatch]
     layers = [name for name in LAYER_COLUMNS if name in episodes.column_names]
     heads = episodes.select([*HEAD_COLUMNS, *layers])
     if FACTS_COLUMN not in episodes.column_names:
-        rows = episodes.select(["clip_count", *EPISODE_TYPES]).to_pylist()
-        for row in rows:
-            row["started_at"] = _micros(row["started_at"])
-        packed = [pack_facts([row]) for row in rows]
-        episodes = episodes.append_column(FACTS_COLUMN, pa.array(packed, type=pa.binary()))
+        facts = np.zeros(episodes.num_rows, dtype=FACTS)
+        for name in FACTS.names or ():
+            column = episodes.column(name)
+            if pa.types.is_timestamp(column.type):  # microseconds since the epoch
+                column = column.cast(pa.timestamp("us", tz="UTC")).cast(pa.int64())
+            facts[name] = column.to_numpy()
+        offsets = np.arange(episodes.num_rows + 1, dtype=np.int32) * FACTS.itemsize
+        packed = pa.Array.from_buffers(
+            pa.binary(), episodes.num_rows, [None, pa.py_buffer(offsets), pa.py_buffer(facts)]
+        )
+        episodes = episodes.append_column(FACTS_COLUMN, packed)
     bodies = episodes.select(list(BODY_COLUMNS)).to_batches()
     return heads, bodies
-
-
-def _micros(value: Any) -> int:
-    if isinstance(value, int):
-        return value
-    delta = value - datetime(1970, 1, 1, tzinfo=UTC)
-    return int((delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds)
 
 
 def explode(episodes: pa.Table, size: int = BATCH_ROWS) -> pa.Table:

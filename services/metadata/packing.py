@@ -57,8 +57,12 @@ RECORD = np.dtype([(name, np_type) for name, _, _, np_type in FIELDS])  # packed
 
 def pack_sql() -> str:
     """The SQL aggregate packing the group's clips `c` into records, in clip-index order."""
-    record = " || ".join(f"{fn}({expr})" for _, expr, fn, _ in FIELDS)
-    return f"string_agg({record}, ''::bytea ORDER BY c.clip_index)"
+    return f"string_agg({_record_sql(FIELDS)}, ''::bytea ORDER BY c.clip_index)"
+
+
+def _record_sql(fields: tuple[tuple[str, str, str, str], ...]) -> str:
+    """One record: each field's expression through its `*send` function, concatenated."""
+    return " || ".join(f"{fn}({expr})" for _, expr, fn, _ in fields)
 
 
 def records(data: bytes | memoryview | NDArray[np.uint8]) -> NDArray[Any]:
@@ -114,7 +118,7 @@ FACTS = np.dtype([(name, np_type) for name, _, _, np_type in FACT_FIELDS])  # bi
 
 def facts_sql() -> str:
     """The SQL expression packing the grouped row `g`'s facts into one record."""
-    return " || ".join(f"{fn}({expr})" for _, expr, fn, _ in FACT_FIELDS)
+    return _record_sql(FACT_FIELDS)
 
 
 def fact_records(data: bytes | memoryview | NDArray[np.uint8]) -> NDArray[Any]:
