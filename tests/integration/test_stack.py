@@ -84,3 +84,27 @@ def test_ranged_gets_of_the_embedded_store_return_exactly_the_range(stack: Setti
         assert info is not None and info.size == len(data)
     finally:
         store.delete(key)
+
+
+def test_up_with_its_own_endpoints_in_the_environment_keeps_them_its_own(
+    stack: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`set -a; . .stack/endpoints.env` then `egoline stack up`: the services named are this
+    stack's own, so they stay its own (reused, stopped by `down`, the emulator's credentials
+    still accepted), instead of being taken for external ones and forgotten."""
+    from services.common.settings import reset_settings_cache
+
+    before = Stack(stack.stack_dir).read_state()
+    endpoints = stack.stack_dir / "endpoints.env"
+    for line in endpoints.read_text().splitlines():
+        name, _, value = line.partition("=")
+        monkeypatch.setenv(name, value)
+    reset_settings_cache()
+    try:
+        stack_up(Settings(), log=lambda _line: None)
+    finally:
+        reset_settings_cache()
+    after = Stack(stack.stack_dir).read_state()
+    assert after == before
+    assert all(s.started_by_us for s in after.values())
+    assert "EGOLINE_EMBEDDED_STACK=true" in endpoints.read_text().splitlines()
