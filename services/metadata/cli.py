@@ -31,7 +31,10 @@ def db_upgrade() -> None:
     """Create or migrate the warehouse schema."""
     from services.metadata.warehouse import upgrade
 
-    upgrade(get_settings())
+    upgrade(
+        get_settings(),
+        progress=lambda done: err.print(f"manifest_episodes: {done:,} episodes recomputed"),
+    )
     err.print("warehouse schema is current")
 
 

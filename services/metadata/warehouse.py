@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from alembic import command
@@ -512,6 +513,21 @@ def alembic_config(settings: Settings) -> Config:
     return config
 
 
-def upgrade(settings: Settings, revision: str = "head") -> None:
-    """Apply the Alembic migrations up to `revision` (idempotent)."""
-    command.upgrade(alembic_config(settings), revision)
+def upgrade(
+    settings: Settings, revision: str = "head", progress: Callable[[int], None] | None = None
+) -> None:
+    """Apply the Alembic migrations up to `revision` (idempotent). At the head revision, the
+    derived `manifest_episodes` is recomputed if a migration emptied it (services/metadata/
+    derived.py; `progress` gets the episodes done so far)."""
+    config = alembic_config(settings)
+    command.upgrade(config, revision)
+    if revision != "head":
+        return
+    from services.metadata.derived import recompute_if_stale
+
+    engine = make_engine(settings)
+    try:
+        with engine.begin() as conn:
+            recompute_if_stale(conn, progress)
+    finally:
+        engine.dispose()

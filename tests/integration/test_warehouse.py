@@ -9,13 +9,16 @@ import pytest
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
+from psycopg.rows import dict_row
 from sqlalchemy import create_engine
 
 from schemas.events import derive_event_id
 from services.common.settings import Settings
+from services.manifest.explode import QUALITY_FIELDS
 from services.metadata.core import refresh_all_manifest_episodes
-from services.metadata.packing import FACT_FIELDS, FACTS, fact_records
+from services.metadata.packing import FACT_FIELDS, FACTS, RECORD, fact_records, records
 from services.metadata.warehouse import (
+    EPISODE_QUALITY_COLUMNS,
     TIMING_COLUMNS,
     alembic_config,
     make_engine,
@@ -106,3 +109,67 @@ def test_every_manifest_row_packs_its_own_facts_after_a_refresh_and_after_migrat
     command.downgrade(alembic_config(settings), "0011")
     upgrade(settings)
     assert facts_disagreeing_with_columns(settings) == []
+
+
+def manifest_rows(settings: Settings) -> list[dict[str, object]]:
+    """Every manifest row (column -> value), in key order (what the build reads)."""
+    with psycopg.connect(settings.database_libpq_url, row_factory=dict_row) as conn:
+        return conn.execute(
+            "SELECT * FROM manifest_episodes ORDER BY pipeline_version, episode_id"
+        ).fetchall()
+
+
+# What revision 0006 added (content signals, near duplicates): a warehouse taken back to 0003
+# loses it.
+SINCE_0006 = (*EPISODE_QUALITY_COLUMNS, "duplicate_of", "duplicate_kind")
+
+
+def without_content_signals(row: dict[str, object]) -> dict[str, object]:
+    """A manifest row less what comes from the content signals and near duplicates, its packed
+    clips decoded to their other fields."""
+    kept = {k: v for k, v in row.items() if k not in SINCE_0006}
+    packed = row["clips"]
+    assert isinstance(packed, bytes)
+    clips = records(packed)
+    kept["clips"] = [
+        tuple(r[name].item() for name in RECORD.names or () if name not in QUALITY_FIELDS)
+        for r in clips
+    ]
+    return kept
+
+
+def test_a_populated_warehouse_upgrades_from_revision_0003_to_the_head_manifest_rows(
+    fresh_database: FreshDatabase,
+) -> None:
+    # Given a warehouse with episodes the metadata service applied, taken back to revision 0003
+    # (its data in the normalized tables; the derived rows gone with the columns they had)
+    settings = fresh_database()
+    upgrade(settings)
+    sha = [derive_event_id("video", f"old-{n}") * 2 for n in range(3)]
+    crafted = [Crafted(f"old-{n}", f"dev-{n}", n, sha[n], [n + 1], clips=n + 2) for n in range(3)]
+    apply_all(settings, records_of(crafted), batch=2)
+    before = manifest_rows(settings)
+    assert len(before) == 3
+    command.downgrade(alembic_config(settings), "0003")
+    # When it is upgraded to the head revision (0004-0006 and 0012 each change the derived
+    # table's layout; the head's statement cannot run at 0004)
+    done: list[int] = []
+    upgrade(settings, progress=done.append)
+    # Then every manifest row is back, computed once, at the head: what the head's statement
+    # computes from the data, and the same as before but for what 0003 cannot hold
+    after = manifest_rows(settings)
+    assert done == [3]
+    engine = make_engine(settings)
+    try:
+        with engine.begin() as conn:
+            assert list(refresh_all_manifest_episodes(conn)) == [3]
+    finally:
+        engine.dispose()
+    assert manifest_rows(settings) == after
+    assert [without_content_signals(r) for r in after] == [
+        without_content_signals(r) for r in before
+    ]
+    # And a second upgrade recomputes nothing
+    done.clear()
+    upgrade(settings, progress=done.append)
+    assert done == []

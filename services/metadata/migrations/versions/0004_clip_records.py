@@ -36,16 +36,14 @@ OLD_FIELDS = (
 
 
 def upgrade() -> None:
-    # A derived table: empty it, change the layout, recompute every row from the normalized
-    # tables with the statement the metadata service runs.
-    op.execute("DELETE FROM manifest_episodes")
+    # A derived table: empty it, change the layout; every row is recomputed from the normalized
+    # tables with the statement the metadata service runs, at the head revision.
+    from services.metadata.derived import empty_and_mark_stale
+
+    empty_and_mark_stale(op.get_bind())  # recomputed at the head revision (derived.py)
     for field in OLD_FIELDS:
         op.drop_column("manifest_episodes", f"c_{field}")
     op.add_column("manifest_episodes", sa.Column("clips", postgresql.BYTEA(), nullable=False))
-    from services.metadata.core import refresh_all_manifest_episodes
-
-    for _ in refresh_all_manifest_episodes(op.get_bind()):
-        pass
 
 
 def downgrade() -> None:

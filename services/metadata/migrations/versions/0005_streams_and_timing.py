@@ -52,8 +52,10 @@ def upgrade() -> None:
             "decode_meta", sa.Column(name, sa.Float(), nullable=False, server_default="0")
         )
     op.add_column("clips", sa.Column("members", jsonb, nullable=False, server_default="[]"))
-    # A derived table: empty it, add the columns, recompute every row.
-    op.execute("DELETE FROM manifest_episodes")
+    # A derived table: empty it, add the columns (every row recomputed at the head revision).
+    from services.metadata.derived import empty_and_mark_stale
+
+    empty_and_mark_stale(op.get_bind())  # recomputed at the head revision (derived.py)
     op.add_column(
         "manifest_episodes",
         sa.Column("stream_labels", sa.String(512), nullable=False, server_default="main"),
@@ -70,10 +72,6 @@ def upgrade() -> None:
         op.add_column(
             "manifest_episodes", sa.Column(name, sa.Float(), nullable=False, server_default="0")
         )
-    from services.metadata.core import refresh_all_manifest_episodes
-
-    for _ in refresh_all_manifest_episodes(op.get_bind()):
-        pass
 
 
 def downgrade() -> None:

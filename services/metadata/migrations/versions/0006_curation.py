@@ -97,16 +97,14 @@ def upgrade() -> None:
     op.create_index(
         "ix_near_duplicates_of", "near_duplicates", ["pipeline_version", "duplicate_of"]
     )
-    # A derived table: empty it, add the columns, recompute every row (the records grew).
-    op.execute("DELETE FROM manifest_episodes")
+    # A derived table: empty it, add the columns (the records grew; recomputed at the head).
+    from services.metadata.derived import empty_and_mark_stale
+
+    empty_and_mark_stale(op.get_bind())  # recomputed at the head revision (derived.py)
     for name in EPISODE_QUALITY:
         op.add_column("manifest_episodes", sa.Column(name, sa.Float()))
     op.add_column("manifest_episodes", sa.Column("duplicate_of", sa.String(128)))
     op.add_column("manifest_episodes", sa.Column("duplicate_kind", sa.String(8)))
-    from services.metadata.core import refresh_all_manifest_episodes
-
-    for _ in refresh_all_manifest_episodes(op.get_bind()):
-        pass
 
 
 def downgrade() -> None:

@@ -10,7 +10,8 @@ figures) as one 84-byte big-endian record (services/metadata/packing.py): Postgr
 ADBC parses each field of each row, and as separate fields these cost more than the packed
 clips. The columns stay for filters. ix_manifest_episodes_heads covers the manifest build's
 first pass over episode heads (pipeline version, episode id and what the pass reads), so that
-pass reads the index, not the table. Every row is recomputed to fill `facts`.
+pass reads the index, not the table. Every row is recomputed to fill `facts` (at the head
+revision: services/metadata/derived.py).
 """
 
 from __future__ import annotations
@@ -26,14 +27,12 @@ depends_on = None
 
 
 def upgrade() -> None:
-    # Nullable while the rows are recomputed with the statement the metadata service runs (which
-    # fills `facts` on upsert), then required like the service's every write.
-    op.add_column("manifest_episodes", sa.Column("facts", postgresql.BYTEA(), nullable=True))
-    from services.metadata.core import refresh_all_manifest_episodes
+    # A derived table: empty it (recomputed at the head revision, services/metadata/derived.py,
+    # which fills `facts` with the statement the metadata service runs), add the column.
+    from services.metadata.derived import empty_and_mark_stale
 
-    for _ in refresh_all_manifest_episodes(op.get_bind()):
-        pass
-    op.alter_column("manifest_episodes", "facts", nullable=False)
+    empty_and_mark_stale(op.get_bind())
+    op.add_column("manifest_episodes", sa.Column("facts", postgresql.BYTEA(), nullable=False))
     op.create_index(
         "ix_manifest_episodes_heads",
         "manifest_episodes",
