@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import numpy as np
@@ -16,23 +14,7 @@ import psycopg
 import pytest
 
 from schemas.events import (
-    TOPIC_DECODED,
-    TOPIC_SHARDS,
-    TOPIC_UPLOADED,
-    TOPIC_VALIDATED,
-    ClipQuality,
-    ClipRecord,
-    EpisodeDecoded,
-    EpisodeRef,
-    EpisodeSignals,
-    EpisodeUploaded,
-    EpisodeValidated,
     ImuSignature,
-    ShardsWritten,
-    SourceFile,
-    StreamInfo,
-    StreamSignals,
-    Verdict,
     derive_event_id,
 )
 from services.common.objectstore import object_store
@@ -42,25 +24,15 @@ from services.manifest.build import build_manifest
 from services.manifest.lineage import lineage
 from services.manifest.load import load_manifest
 from services.manifest.query import ExposureBounds, ManifestFilter
-from services.metadata.app import apply_batch
 from services.metadata.warehouse import make_engine, upgrade
 from services.sensors.imu import ImuSamples
 from services.sensors.imu_signature import describe_imu
 from services.synth.realistic import imu_samples
+from tests.fixtures.crafted import GOOD, Crafted, apply_all, records_of
 from tests.fixtures.stack import FreshDatabase
 
 pytestmark = pytest.mark.connected
 
-T0 = datetime(2026, 6, 1, tzinfo=UTC)
-GOOD = ClipQuality(
-    sharpness=300.0,
-    mean_luma=120.0,
-    highlights=0.01,
-    shadows=0.02,
-    frozen_fraction=0.0,
-    blocked_fraction=0.0,
-    motion=0.4,
-)
 TABLES = (
     "episodes",
     "raw_objects",
@@ -94,113 +66,6 @@ def flip(h: int, bits: int, rng: random.Random) -> int:
     for bit in rng.sample(range(64), bits):
         h ^= 1 << bit
     return h
-
-
-@dataclass(frozen=True)
-class Crafted:
-    episode_id: str
-    device_id: str
-    minute: int  # started_at = T0 + minutes: "earlier" is by start time
-    video_sha256: str
-    hashes: list[int]
-    quality: ClipQuality = GOOD
-    std_luma: float = 40.0
-    clips: int = 3
-    tags: list[str] = field(default_factory=list)
-    imu: ImuSignature | None = None
-
-    @property
-    def ref(self) -> EpisodeRef:
-        sha = self.video_sha256
-        return EpisodeRef(
-            episode_id=self.episode_id,
-            device_id=self.device_id,
-            session_id=f"s-{self.episode_id}",
-            started_at=T0 + timedelta(minutes=self.minute),
-            video=SourceFile(
-                key=f"raw/{self.device_id}/{self.episode_id}/{sha}.mp4", sha256=sha, size_bytes=1
-            ),
-        )
-
-    def records(self) -> list[tuple[str, bytes]]:
-        ref, eid = self.ref, self.episode_id
-        stream = StreamInfo(
-            index=0, codec="h264", width=640, height=480, fps=30.0, duration_s=6.0,
-            frame_count=180, keyframe_count=3,
-        )  # fmt: skip
-        decoded = EpisodeDecoded(
-            event_id=derive_event_id(TOPIC_DECODED, eid),
-            produced_at=T0,
-            episode=ref,
-            container_format="mp4",
-            container_complete=True,
-            duration_s=6.0,
-            streams=[stream],
-            primary_stream=0,
-            keyframe_times_s=[0.0, 2.0, 4.0],
-            observed_sha256=self.video_sha256,
-            imu_signature=self.imu,
-        )
-        n = len(self.hashes)
-        signals = EpisodeSignals(
-            sample_s=1.0,
-            streams=[
-                StreamSignals(
-                    camera="main",
-                    stream_index=0,
-                    t_s=[float(i) for i in range(n)],
-                    sharpness=[self.quality.sharpness or 0.0] * n,
-                    mean_luma=[self.quality.mean_luma or 0.0] * n,
-                    std_luma=[self.std_luma] * n,
-                    highlights=[self.quality.highlights or 0.0] * n,
-                    shadows=[self.quality.shadows or 0.0] * n,
-                    phash=[f"{h:016x}" for h in self.hashes],
-                )
-            ],
-        )
-        validated = EpisodeValidated(
-            event_id=derive_event_id(TOPIC_VALIDATED, eid),
-            produced_at=T0,
-            decoded=decoded,
-            verdict=Verdict.ACCEPT,
-            signals=signals,
-        )
-        shard_sha = derive_event_id("shard", eid) * 2
-        clips = [
-            ClipRecord(
-                clip_key=f"{eid}_{i:05d}",
-                episode_id=eid,
-                clip_index=i,
-                start_s=2.0 * i,
-                duration_s=2.0,
-                frame_count=60,
-                mp4_offset=512 + 4096 * i,
-                mp4_length=3000,
-                json_offset=3600 + 4096 * i,
-                json_length=200,
-                quality=self.quality,
-            )
-            for i in range(self.clips)
-        ]
-        shards = ShardsWritten(
-            event_id=derive_event_id(TOPIC_SHARDS, eid),
-            produced_at=T0,
-            shard_key=f"shards/v1/{shard_sha[:2]}/{shard_sha}.tar",
-            index_key=f"shards/v1/{shard_sha[:2]}/{shard_sha}.index.json",
-            shard_sha256=shard_sha,
-            size_bytes=4096 * self.clips,
-            episodes=[ref],
-            clips=clips,
-        )
-        uploaded = EpisodeUploaded(
-            event_id=derive_event_id(TOPIC_UPLOADED, eid), produced_at=T0, episode=ref
-        )
-        return [
-            (TOPIC_UPLOADED, uploaded.model_dump_json().encode()),
-            (TOPIC_DECODED, decoded.model_dump_json().encode()),
-            (TOPIC_VALIDATED, validated.model_dump_json().encode()),
-            (TOPIC_SHARDS, shards.model_dump_json().encode()),
-        ]
 
 
 def corpus() -> list[Crafted]:
@@ -257,19 +122,6 @@ def corpus() -> list[Crafted]:
         Crafted("cur-rest2", "dev-g", 14, sha[13], black, rest, std_luma=0.5,
                 imu=imu(405, at_rest=True)),
     ]  # fmt: skip
-
-
-def records_of(episodes: list[Crafted]) -> list[tuple[str, bytes]]:
-    return [record for crafted in episodes for record in crafted.records()]
-
-
-def apply_all(settings: Settings, records: list[tuple[str, bytes]], batch: int) -> None:
-    engine = make_engine(settings)
-    try:
-        for start in range(0, len(records), batch):
-            assert apply_batch(engine, records[start : start + batch], settings) == {}
-    finally:
-        engine.dispose()
 
 
 def dump(settings: Settings) -> dict[str, list[tuple[object, ...]]]:

@@ -25,8 +25,8 @@ from services.metadata.warehouse import (
     metadata,
     upgrade,
 )
+from tests.fixtures.crafted import Crafted, apply_all, records_of
 from tests.fixtures.stack import FreshDatabase
-from tests.integration.test_curation_warehouse import Crafted, apply_all, records_of
 
 pytestmark = pytest.mark.connected
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
