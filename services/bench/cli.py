@@ -46,9 +46,7 @@ def bench_upload(
 @bench_app.command("cache")
 def bench_cache(
     mb: Annotated[int, typer.Option(min=16, help="MiB of clips to read cold and warm")] = 2048,
-    shard_mb: Annotated[
-        int, typer.Option(min=1, help="shard size (moto copies a whole object per ranged GET)")
-    ] = 64,
+    shard_mb: Annotated[int, typer.Option(min=1, help="shard size, MiB")] = 64,
     as_json: Annotated[bool, typer.Option("--json", help="only the JSON line on stdout")] = False,
 ) -> None:
     """The clip reader cold (ranged GETs from S3) vs warm (node cache) vs plain disk reads."""
