@@ -1,8 +1,8 @@
 """The corpus view on the real stack: episodes uploaded by the device agent through the fleet
-(clean ones, a rejected one and an exact copy of a clean one under another id) show up in the
-lag service's /corpus/*.json with the counts, hours, reasons and duplicate put in; the
-freshness percentiles equal a recomputation from the warehouse's timestamps; and the /corpus
-page in headless Chromium shows those values."""
+(two recordings made as devices make them, a rejected one and an exact copy of a recording
+under another id) show up in the lag service's /corpus/*.json with the counts, hours, reasons
+and duplicate put in; the freshness percentiles equal a recomputation from the warehouse's
+timestamps; and the /corpus page in headless Chromium shows those values."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from playwright.sync_api import Browser
 from services.common.settings import Settings
 from services.stack.corpus import corpus_reader
 from services.stack.fleet import Fleet
+from services.synth.realistic import realistic_cases, write_case
 from services.synth.writer import Defect
 from tests.fixtures.http import http_get
 from tests.fixtures.lag import LagServiceProcess, running_lag_service
@@ -80,15 +81,25 @@ def corpus(
 
     seed = 7000 + int(time.time()) % 2000
     device = f"corpusdev{seed}"
-    # recorded three hours ago, a minute apart: the first one rejected (corrupt keyframes)
+    # recorded three hours ago, a minute apart: the first one rejected (corrupt keyframes), then
+    # two recordings as devices make them (x264 defaults with B-frames and a 200 Hz IMU; a head +
+    # wrist rig whose wrist camera starts late)
     base = datetime.now(UTC).replace(microsecond=0) - timedelta(hours=3)
-    dirs = episode_factory(3, seed=seed, defects=(Defect.CORRUPT_PACKETS,))
+    (broken,) = episode_factory(1, seed=seed, defects=(Defect.CORRUPT_PACKETS,))
+    cases = {c.name: c for c in realistic_cases()}
+    recorded = tmp_path_factory.mktemp("recorded")
+    fps = {broken.name: float(json.loads((broken / "episode.json").read_text())["fps"])}
+    dirs = [broken]
+    for name in ("h264_default_mp4", "multicam_mp4"):
+        dirs.append(write_case(cases[name], recorded, seed))
+        fps[dirs[-1].name] = float(cases[name].fps)
     started, seconds = {}, {}
     for i, folder in enumerate(dirs):
         at = base + timedelta(minutes=i)
         meta = rewrite(folder, device_id=device, started_at=at.isoformat())
+        frames = meta["frames"] if "frames" in meta else meta["synthetic"]["frames"]
         started[meta["episode_id"]] = at
-        seconds[meta["episode_id"]] = meta["frames"] / meta["fps"]
+        seconds[meta["episode_id"]] = frames / fps[folder.name]
     # the same bytes again under another id, recorded later: an exact duplicate of dirs[1]
     original = dirs[1].name
     copy_dir = tmp_path_factory.mktemp("copy") / f"{original}-copy"
