@@ -11,7 +11,7 @@ import shutil
 import time
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -24,7 +24,7 @@ from playwright.sync_api import Browser
 from services.common.settings import Settings
 from services.stack.corpus import corpus_reader
 from services.stack.fleet import Fleet
-from services.synth.realistic import realistic_cases, write_case
+from services.synth.realistic import OFFSET_STRIDE, realistic_cases, write_case
 from services.synth.writer import Defect
 from tests.fixtures.http import http_get
 from tests.fixtures.lag import LagServiceProcess, running_lag_service
@@ -90,9 +90,11 @@ def corpus(
     recorded = tmp_path_factory.mktemp("recorded")
     fps = {broken.name: float(json.loads((broken / "episode.json").read_text())["fps"])}
     dirs = [broken]
-    for name in ("h264_default_mp4", "multicam_mp4"):
-        dirs.append(write_case(cases[name], recorded, seed))
-        fps[dirs[-1].name] = float(cases[name].fps)
+    for k, name in enumerate(("h264_default_mp4", "multicam_mp4")):
+        # each its own picture (cases written with one seed share their content: duplicates)
+        case = replace(cases[name], seed_offset=(k + 1) * OFFSET_STRIDE)
+        dirs.append(write_case(case, recorded, seed))
+        fps[dirs[-1].name] = float(case.fps)
     started, seconds = {}, {}
     for i, folder in enumerate(dirs):
         at = base + timedelta(minutes=i)
@@ -196,6 +198,11 @@ def test_duplicates_show_the_copy_and_its_original(corpus: Corpus) -> None:
     )
     # the earlier recording stays canonical (it may be a near duplicate of another test's)
     assert latest.get(corpus.original, {}).get("duplicate_of") != corpus.copy
+    # and the other recording, a picture of its own, is nobody's duplicate
+    other = next(
+        e for e in corpus.started if e not in {corpus.rejected, corpus.original, corpus.copy}
+    )
+    assert other not in latest, latest[other]
 
 
 def sharded_times(settings: Settings) -> list[tuple[str, datetime, datetime, datetime | None]]:
