@@ -55,6 +55,7 @@ CONTENTS = ("clean", *DEFECTS, *DUPLICATES)
 BLUR_SIGMA_PX = 4.0  # a soft lens / fogged cover: Laplacian variance falls ~1000x
 MIN_FROZEN_S = 4.0
 MIN_TRIM_S, MIN_LEFT_S = 2.0, 3.0  # dup_trimmed: cut at the first keyframe >= 2 s, keep >= 3 s
+OFFSET_STRIDE = 100_003  # seed_offset step between a mix's cases: above any seed used
 
 
 @dataclass(frozen=True)
@@ -112,7 +113,10 @@ def episode_id_of(name: str, seed: int) -> str:
 
 
 def realistic_cases() -> list[RealisticCase]:
-    return [
+    """The device-format mix: each case a recording of its own (`seed_offset`: written with
+    one seed, cases that shared it held the same picture and IMU, which the warehouse rightly
+    took for near duplicates of each other)."""
+    cases = [
         RealisticCase("h264_default_mp4", duration_s=16.0, notes="x264 defaults, B-frames"),
         RealisticCase(
             "h265_default_open_gop_mp4",
@@ -156,20 +160,22 @@ def realistic_cases() -> list[RealisticCase]:
         RealisticCase("imu_frame_synced_mp4", imu="frame_synced"),
         RealisticCase("imu_100hz_csv_mp4", imu="csv100", audio=True),
     ]
+    return [replace(c, seed_offset=(i + 1) * OFFSET_STRIDE) for i, c in enumerate(cases)]
 
 
 def _scene_cuts(frames: int, seed: int) -> set[int]:
     """Irregular scene-change frames (so encoders insert scene-cut keyframes off any grid), 3-13 s
     apart: with a detailed scene every cut is detected, and gaps past keyint 250 keep the
-    keyint-triggered keyframes (x265's open-GOP CRAs with leading pictures) in the mix."""
+    keyint-triggered keyframes (x265's open-GOP CRAs with leading pictures) in the mix. The
+    first gap is always one of those (the first cut at frame 260-399), so every recording of
+    more than 250 frames has one, whatever its seed."""
     rng = np.random.default_rng(seed + 5)
     cuts: set[int] = set()
-    at = 0
-    while True:
-        at += int(rng.integers(90, 400))
-        if at >= frames:
-            return cuts
+    at = int(rng.integers(260, 400))
+    while at < frames:
         cuts.add(at)
+        at += int(rng.integers(90, 400))
+    return cuts
 
 
 @dataclass(frozen=True)
@@ -598,9 +604,6 @@ def _clean_case(rng: np.random.Generator, name: str, plain: bool = False) -> Rea
 
 def _plain(case: RealisticCase) -> bool:
     return case.container == "mp4" and not (case.depth or case.audio) and case.duration_s >= 12
-
-
-OFFSET_STRIDE = 100_003
 
 
 def curation_cases(count: int, seed: int = 0) -> list[RealisticCase]:

@@ -390,3 +390,24 @@ def test_frame_synced_imu_is_one_float32_row_of_six_per_frame(episode_of: Episod
 def _cut_frames(count: int, cut_at: int, width: int, height: int) -> list[NDArray[np.uint8]]:
     frames = list(scene.rgb_frames(count, width, height, seed=3))
     return [255 - f if i >= cut_at else f for i, f in enumerate(frames)]
+
+
+def _first_frame_phash(directory: Path) -> int:
+    import cv2
+
+    from services.media.signals import frame_signal
+
+    rgb = decode_first_frame(_main_video(directory), 0)
+    gray = cv2.cvtColor(np.asarray(rgb, dtype=np.uint8), cv2.COLOR_RGB2GRAY)
+    luma = np.asarray(gray, dtype=np.uint8)
+    return int(frame_signal(0.0, luma).phash, 16)
+
+
+def test_each_case_of_the_mix_is_a_recording_of_its_own(episode_of: EpisodeOf) -> None:
+    # Written with one seed (as `egoline synth --realistic` writes them), two cases must not
+    # show the same picture: the warehouse would rightly call one a near duplicate of the other
+    # (pHashes within 7 bits). Unrelated pictures differ in about half of the 64 bits.
+    assert len({case.seed_offset for case in CASES.values()}) == len(CASES)
+    a = _first_frame_phash(episode_of("h264_default_mp4"))
+    b = _first_frame_phash(episode_of("imu_frame_synced_mp4"))
+    assert bin(a ^ b).count("1") > 16
