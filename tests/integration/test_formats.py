@@ -143,3 +143,58 @@ def test_lineage_names_every_member_and_every_camera_file(
         assert {"head", "wrist", "imu"} <= labels, labels
     assert [c["name"] for c in rows[0]["cameras"]] == ["wrist"]
     assert rows[0]["cameras"][0]["key"].startswith("raw/")
+
+
+def test_every_clip_of_every_accepted_recording_reads_back_whole_through_the_reader(
+    formats: FormatsRun, stack: Settings, tmp_path: Path
+) -> None:
+    """What a training node gets: each clip of each recording a device wrote, read through the
+    node cache and decoded by the reader, has the frames its manifest row and its `.json` say,
+    for every camera and depth stream (x264 B-frames, x265 open GOP, 10 bit, AV1, VFR, rotated,
+    fragmented, cut by power loss...)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from services.media.av_io import decode_frames
+    from services.reader.cache import clip_cache
+    from services.reader.loader import ClipLoader
+
+    accepted = {r.episode_id: r.case for r in formats.results if r.accepted and not r.hostile}
+    assert len(accepted) >= 15, [r.line() for r in formats.results]
+    engine = make_engine(stack)
+    store = object_store(stack)
+    built = build_manifest(
+        stack.database_libpq_url,
+        engine,
+        store,
+        ManifestFilter(pipeline_version=stack.pipeline_version),
+        tmp_path,
+    )
+    engine.dispose()
+    table = load_manifest(built.local_path)
+    mine = table.filter(
+        pc.is_in(table.column("episode_id").cast(pa.string()), pa.array(sorted(accepted)))
+    )
+    seen = set(mine.column("episode_id").cast(pa.string()).to_pylist())
+    assert seen == set(accepted), sorted(set(accepted) - seen)
+    settings = stack.model_copy(update={"reader_cache_dir": tmp_path / "cache"})
+    loader = ClipLoader(mine, clip_cache(settings, store), decode=True, frame_height=32)
+    wrong: list[str] = []
+    for index in range(len(loader)):
+        clip = loader.read(index)
+        case = accepted[str(clip.row["episode_id"])]
+        where = f"{case} clip {clip.row['clip_index']}"
+        assert clip.frames is not None
+        if len(clip.frames) != clip.row["frame_count"]:
+            wrong.append(
+                f"{where}: {len(clip.frames)} frames decoded, row says {clip.row['frame_count']}"
+            )
+        entries = {e["label"]: e for e in clip.meta["streams"] if e["kind"] == "video"}
+        assert set(clip.streams) <= set(entries), (where, sorted(clip.streams), sorted(entries))
+        for label, data in clip.streams.items():
+            decoded = sum(1 for _ in decode_frames(data, None, 32))
+            if decoded != entries[label]["frame_count"]:
+                wrong.append(
+                    f"{where} {label}: {decoded} frames, .json says {entries[label]['frame_count']}"
+                )
+    assert wrong == []
