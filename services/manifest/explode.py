@@ -19,7 +19,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from numpy.typing import NDArray
 
-from services.manifest.query import BODY_COLUMNS, HEAD_COLUMNS, HEAD_SHARED
+from services.manifest.query import (
+    BODY_COLUMNS,
+    HEAD_COLUMNS,
+    HEAD_SHARED,
+    HEADS_SEPARATOR,
+    PACKED_HEADS,
+    PACKED_HEADS_COLUMN,
+)
 from services.metadata.packing import (
     FACTS,
     FACTS_COLUMN,
@@ -101,7 +108,8 @@ def _encode(column: pa.ChunkedArray) -> tuple[pa.Array, NDArray[Any]]:
     encoded = column.dictionary_encode()
     chunks = [chunk for chunk in encoded.chunks if len(chunk)]
     if not chunks:
-        return pa.array([], type=column.type), np.zeros(0, dtype=np.int8)
+        kind = column.type.value_type if pa.types.is_dictionary(column.type) else column.type
+        return pa.array([], type=kind), np.zeros(0, dtype=np.int8)
     dictionary = chunks[-1].dictionary  # one memo table: every chunk's is a prefix of the last
     index_type = _index_type(len(dictionary)).to_pandas_dtype()
     codes = np.concatenate([c.indices.to_numpy(zero_copy_only=False) for c in chunks])
@@ -427,6 +435,39 @@ def _facts(column: pa.Array) -> NDArray[Any]:
     if last - first != FACTS.itemsize * len(column):
         raise ValueError(f"packed facts of {last - first} bytes for {len(column)} episodes")
     return fact_records(memoryview(data_buffer)[first:last]) if len(column) else np.zeros(0, FACTS)
+
+
+def _split_packed(text: str) -> list[str]:
+    """One packed heads value (PACKED_HEADS joined by HEADS_SEPARATOR) -> its values."""
+    values = text.split(HEADS_SEPARATOR, len(PACKED_HEADS) - 1)
+    if len(values) != len(PACKED_HEADS):
+        raise ValueError(f"packed heads {text!r}: {len(values)} values, not {len(PACKED_HEADS)}")
+    return values
+
+
+def unpack_heads(fetched: pa.Table, pipeline_version: str) -> pa.Table:
+    """The heads as fetched (the shared strings packed into one column, `pipeline_version` left
+    out: services/manifest/query.py PACKED_HEADS) -> the heads as HEAD_COLUMNS names them, each
+    shared string a dictionary array whose values are in order of first appearance, as
+    dictionary-encoding the column itself gives (so the file's bytes do not change). The split
+    runs once per distinct combination, not per row."""
+    n = fetched.num_rows
+    packed = pc.dictionary_encode(fetched.column(PACKED_HEADS_COLUMN).combine_chunks())
+    # combinations in order of first appearance: so is each value's first combination
+    split = [_split_packed(text) for text in packed.dictionary.to_pylist()]
+    columns: dict[str, pa.Array] = {}
+    for k, name in enumerate(PACKED_HEADS):
+        values = pc.dictionary_encode(pa.array([row[k] for row in split], type=pa.string()))
+        columns[name] = pa.DictionaryArray.from_arrays(
+            pc.take(values.indices, packed.indices), values.dictionary
+        )
+    columns["pipeline_version"] = pa.DictionaryArray.from_arrays(
+        pa.array(np.zeros(n, dtype=np.int8)), pa.array([pipeline_version] if n else [], pa.string())
+    )
+    names = [name for name in fetched.column_names if name != PACKED_HEADS_COLUMN]
+    rest = {name: fetched.column(name) for name in names}
+    ordered = [*HEAD_COLUMNS, *(name for name in names if name not in HEAD_COLUMNS)]
+    return pa.table({name: rest.get(name, columns.get(name)) for name in ordered})
 
 
 def heads_and_bodies(episodes: pa.Table) -> tuple[pa.Table, list[pa.RecordBatch]]:

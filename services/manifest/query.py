@@ -76,6 +76,19 @@ HEAD_SHARED = (
     "stream_labels",
 )
 BODY_COLUMNS = (FACTS_COLUMN, "shard_keys", PACKED_COLUMN)
+# Of the heads, the short strings shared by many episodes travel as one text field, joined by
+# HEADS_SEPARATOR in this order, that the client splits once per distinct combination
+# (services/manifest/explode.py `unpack_heads`): Postgres formats and ADBC parses each field of
+# each row, and one field for five saves ~0.45 CPU-s per 1M episodes, most of it the client's
+# (measured: docs/performance.md, stop 29). `pipeline_version` is not fetched at all: the query
+# fixes it. The separator cannot occur in the first four (a device id matches ID_PATTERN of
+# schemas/events.py, a codec is FFmpeg's name, split and verdict are the code's words); the
+# labels, free text from the container, come last and keep whatever they hold (the split stops
+# at the fourth one).
+PACKED_HEADS = ("split", "verdict", "device_id", "codec", "stream_labels")
+PACKED_HEADS_COLUMN = "packed_heads"
+HEADS_SEPARATOR = "\x1f"  # ASCII unit separator
+FETCHED_HEADS = tuple(c for c in HEAD_COLUMNS if c not in (*PACKED_HEADS, "pipeline_version"))
 
 
 class ExposureBounds(BaseModel):
@@ -295,7 +308,7 @@ def build_query(
         where.append(f"m.episode_id < {bind(high)}")
     selected = {
         "all": COLUMNS,
-        "heads": ",\n".join(f"    m.{name}" for name in HEAD_COLUMNS),
+        "heads": ",\n".join([*(f"    m.{name}" for name in FETCHED_HEADS), _packed_heads()]),
         "bodies": ",\n".join(f"    m.{name}" for name in BODY_COLUMNS),
     }[part]
     columns = ",\n".join([selected, *(f"    {c}" for c in layer_columns)])
@@ -307,6 +320,13 @@ def build_query(
         + "\nORDER BY m.pipeline_version, m.episode_id"
     )
     return sql, params
+
+
+def _packed_heads() -> str:
+    # `||`, not concat(): measured cheaper (concat's variadic call and length() cost Postgres
+    # more than the fields it saves). Every packed column is NOT NULL.
+    joined = " || chr(31) || ".join(f"m.{name}" for name in PACKED_HEADS)
+    return f"    ({joined}) AS {PACKED_HEADS_COLUMN}"
 
 
 # The planner's histogram of episode ids (from ANALYZE; autovacuum keeps it current).

@@ -22,6 +22,7 @@ import psycopg
 import pyarrow as pa
 from psycopg import sql as psql
 
+from services.manifest.explode import unpack_heads
 from services.manifest.query import (
     HISTOGRAM_SQL,
     KeyRange,
@@ -105,7 +106,8 @@ class Snapshot:
 
         with ThreadPoolExecutor(len(statements)) as pool:
             parts = list(pool.map(one, statements))
-        return pa.Table.from_batches([b for _, part in parts for b in part], schema=parts[0][0])
+        fetched = pa.Table.from_batches([b for _, part in parts for b in part], schema=parts[0][0])
+        return unpack_heads(fetched, self.flt.pipeline_version)
 
     def bodies(self, ahead: int = 64) -> Bodies:
         """Every row's bodies in key order, as ADBC returns them, read from now on on a thread

@@ -314,3 +314,53 @@ def test_shard_keys_stream_as_delta_dictionaries_in_the_type_of_the_row_bound(
     loaded = load_manifest(path)
     assert loaded.column("shard_key").to_pylist() == [f"shard{i:03d}" for i in range(200)]
     assert loaded.to_pylist() == explode(whole).to_pylist()
+
+
+SHARED_TEXT = st.sampled_from(["", "a", "b:c", "rig-07", "main,depth,imu", "é", "train"])
+# the labels come from containers: anything, the separator included
+LABELS_TEXT = st.sampled_from(["main", "main,depth", "a\x1fb", "\x1f", "é,x"])
+
+
+@given(
+    st.lists(
+        st.tuples(SHARED_TEXT, SHARED_TEXT, SHARED_TEXT, SHARED_TEXT, LABELS_TEXT),
+        max_size=40,
+    )
+)
+def test_unpacked_heads_encode_exactly_as_the_columns_themselves(
+    rows: list[tuple[str, ...]],
+) -> None:
+    from services.manifest.explode import _encode, unpack_heads
+    from services.manifest.query import FETCHED_HEADS, HEAD_COLUMNS, PACKED_HEADS
+
+    # What the heads query returns (services/manifest/query.py `_packed_heads`: the values
+    # joined by the unit separator, which the labels, last, may hold themselves)...
+    n = len(rows)
+    fetched = {name: pa.array([f"x{i}" for i in range(n)], pa.string()) for name in FETCHED_HEADS}
+    fetched["clip_count"] = pa.array(np.ones(n, dtype=np.int32))
+    fetched["duplicate_of"] = pa.array([None] * n, pa.string())
+    packed = ["\x1f".join(row) for row in rows]
+    table = pa.table({**fetched, "packed_heads": pa.array(packed, pa.string())})
+    heads = unpack_heads(table, "v7")
+    # ...unpacks to the HEAD_COLUMNS, each shared string with the dictionary and codes that
+    # encoding the column itself gives (so the manifest's bytes do not change)
+    assert heads.column_names == list(HEAD_COLUMNS)
+    for k, name in enumerate(PACKED_HEADS):
+        plain = pa.chunked_array([pa.array([row[k] for row in rows], pa.string())])
+        assert heads.column(name).cast(pa.string()).to_pylist() == plain.to_pylist()
+        got, expected = _encode(heads.column(name)), _encode(plain)
+        assert got[0].equals(expected[0]), name
+        assert got[1].dtype == expected[1].dtype and np.array_equal(got[1], expected[1]), name
+    assert heads.column("pipeline_version").cast(pa.string()).to_pylist() == ["v7"] * n
+    pipeline = _encode(heads.column("pipeline_version"))
+    assert pipeline[0].to_pylist() == (["v7"] if n else [])
+
+
+def test_heads_query_packs_the_shared_strings_and_leaves_out_the_pipeline_version() -> None:
+    sql, _ = build_query(ManifestFilter(), part="heads")
+    select = sql.split("FROM")[0]
+    assert "m.pipeline_version" not in select and "m.split" in select
+    assert (
+        "(m.split || chr(31) || m.verdict || chr(31) || m.device_id || chr(31) || m.codec "
+        "|| chr(31) || m.stream_labels) AS packed_heads"
+    ) in select
