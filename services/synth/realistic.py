@@ -23,6 +23,7 @@ import os
 import tempfile
 from collections import deque
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from fractions import Fraction
@@ -406,44 +407,58 @@ def _check_duplicable(case: RealisticCase, original: RealisticCase | None) -> Re
     return original
 
 
-def _reencode(case: RealisticCase, original: RealisticCase, path: Path, seed: int) -> int:
-    """The original recording decoded, resized to `case.width` x `case.height` and encoded again
-    with the case's codec and CRF (a re-export): same frames, same times. Returns frames."""
-    pts, tb = _frame_pts(original, seed)
+@contextmanager
+def _original_recording(original: RealisticCase, out_dir: Path, seed: int) -> Iterator[Path]:
+    """The original's video file a duplicate is made from, as a copy is made: the one written in
+    `out_dir` when it is there (a stream copy of it is then the same bytes, and a re-export
+    decodes the same frames), else the same recording encoded again into a temporary file
+    (when only the duplicate was asked for). Encoding twice is not always bit-identical: x264
+    with threads gave different P-frames for the same input once, so a trimmed copy of a second
+    encode need not match the first one's frames."""
+    ext = "mkv" if original.container == "mkv" else "mp4"
+    directory = out_dir / episode_id_of(original.name, seed)
+    if (directory / COMPLETION_MARKER).exists():
+        yield directory / f"video.{ext}"
+        return
     with tempfile.TemporaryDirectory(prefix="egoline-dup-") as tmp:
-        source = Path(tmp) / f"source.{original.container}"
-        _video(original, source, seed)
-        size = (case.width, case.height)
-        frames = (
-            np.asarray(cv2.resize(f, size, interpolation=cv2.INTER_AREA), dtype=np.uint8)
-            for f in decode_frames(source.read_bytes())
-        )
-        encoder, pix, options = _encoder(case)
-        stream = DeviceVideo(encoder, frames, pts, tb, case.fps, *size, pix, options)
-        fmt = "matroska" if case.container == "mkv" else "mp4"
-        encode_device_file(path, [stream], fmt)
+        source = Path(tmp) / f"source.{ext}"
+        _video(original, source, seed + original.seed_offset)
+        yield source
+
+
+def _reencode(
+    case: RealisticCase, original: RealisticCase, source: Path, path: Path, seed: int
+) -> int:
+    """The original recording (`source`, written with content seed `seed`) decoded, resized to
+    `case.width` x `case.height` and encoded again with the case's codec and CRF (a re-export):
+    same frames, same times. Returns frames."""
+    pts, tb = _frame_pts(original, seed)
+    size = (case.width, case.height)
+    frames = (
+        np.asarray(cv2.resize(f, size, interpolation=cv2.INTER_AREA), dtype=np.uint8)
+        for f in decode_frames(source.read_bytes())
+    )
+    encoder, pix, options = _encoder(case)
+    stream = DeviceVideo(encoder, frames, pts, tb, case.fps, *size, pix, options)
+    fmt = "matroska" if case.container == "mkv" else "mp4"
+    encode_device_file(path, [stream], fmt)
     return len(pts)
 
 
-def _trim(original: RealisticCase, path: Path, seed: int) -> tuple[int, float]:
-    """The original recording with its start cut off by stream copy at its first keyframe at
-    or after `MIN_TRIM_S` (what `ffmpeg -ss T -c copy` keeps: the packets from that keyframe on,
-    timestamps rebased to 0). Returns (frames, seconds cut)."""
-    with tempfile.TemporaryDirectory(prefix="egoline-dup-") as tmp:
-        source = Path(tmp) / "source.mp4"
-        _video(original, source, seed)
-        index = packet_indexes(source)[0]
-        tb = float(time_bases(source)[0])
-        pts = index["pts"]
-        origin = int(pts[pts != MISSING].min())
-        entries = entry_points(pts, index["keyframe"])
-        starts = sorted(float((pts[e] - origin) * tb) for e in entries)
-        fits = [t for t in starts if MIN_TRIM_S <= t <= original.duration_s - MIN_LEFT_S]
-        if not fits:
-            raise ValueError(
-                f"{original.name}: no keyframe in [{MIN_TRIM_S}, end - {MIN_LEFT_S}] s"
-            )
-        ((data, frames),) = remux_clips(source, 0, [fits[0], original.duration_s + 1.0])
+def _trim(original: RealisticCase, source: Path, path: Path) -> tuple[int, float]:
+    """The original recording (`source`) with its start cut off by stream copy at its first
+    keyframe at or after `MIN_TRIM_S` (what `ffmpeg -ss T -c copy` keeps: the packets from that
+    keyframe on, timestamps rebased to 0). Returns (frames, seconds cut)."""
+    index = packet_indexes(source)[0]
+    tb = float(time_bases(source)[0])
+    pts = index["pts"]
+    origin = int(pts[pts != MISSING].min())
+    entries = entry_points(pts, index["keyframe"])
+    starts = sorted(float((pts[e] - origin) * tb) for e in entries)
+    fits = [t for t in starts if MIN_TRIM_S <= t <= original.duration_s - MIN_LEFT_S]
+    if not fits:
+        raise ValueError(f"{original.name}: no keyframe in [{MIN_TRIM_S}, end - {MIN_LEFT_S}] s")
+    ((data, frames),) = remux_clips(source, 0, [fits[0], original.duration_s + 1.0])
     path.write_bytes(data)
     return frames, fits[0]
 
@@ -492,9 +507,11 @@ def write_case(
     own_seed = seed + case.seed_offset
     trimmed_s = 0.0
     if case.content == "dup_reencoded":
-        frames = _reencode(case, source, directory / main, content_seed)
+        with _original_recording(source, out_dir, seed) as recording:
+            frames = _reencode(case, source, recording, directory / main, content_seed)
     elif case.content == "dup_trimmed":
-        frames, trimmed_s = _trim(source, directory / main, content_seed)
+        with _original_recording(source, out_dir, seed) as recording:
+            frames, trimmed_s = _trim(source, recording, directory / main)
     else:
         frames = _video(case, directory / main, content_seed)
     meta: dict[str, object] = {
