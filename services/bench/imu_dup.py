@@ -28,6 +28,7 @@ from sqlalchemy import Connection, create_engine, text
 from schemas.events import ImuSignature
 from services.bench.near_dup import bench_database
 from services.common.settings import Settings
+from services.common.stats import rounded_percentile
 from services.decode.core import signature_model
 from services.metadata.imu_duplicates import candidates_sql, imu_signature_statements
 from services.sensors.imu_signature import ImuDescriptor, ImuRule, describe_gyro
@@ -219,9 +220,9 @@ def time_imu_lookups(
         planted=len(planted_seeds),
         planted_found=found,
         new_matched=false_matches,
-        p50_ms=round(statistics.median(latencies), 2),
-        p99_ms=round(latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))], 2),
-        index_p50_ms=round(statistics.median(index_ms), 2),
+        p50_ms=rounded_percentile(latencies, 50, 2),
+        p99_ms=rounded_percentile(latencies, 99, 2),
+        index_p50_ms=rounded_percentile(index_ms, 50, 2),
         mean_candidates=round(statistics.fmean(candidates), 1),
         mean_query_landmarks=round(statistics.fmean(len(s.landmarks) for _, s in queries), 1),
     )

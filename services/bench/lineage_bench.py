@@ -32,6 +32,7 @@ from sqlalchemy import Engine
 from services.bench.manifest import CLIPS_PER_EPISODE, Log, bench_database
 from services.common.objectstore import object_store
 from services.common.settings import Settings
+from services.common.stats import rounded_percentile
 from services.manifest.build import build_manifest
 from services.manifest.check import check_heldout
 from services.manifest.index import IndexFacts, ManifestRecord, MemberCopy, partition_name
@@ -64,7 +65,7 @@ def _given(members: pa.Table) -> Callable[[], pa.Table]:
 
 
 def _percentile(values: list[float], q: float) -> float:
-    return round(float(np.percentile(np.array(values), q)), 3)
+    return rounded_percentile(values, q, 3)
 
 
 def bench_used_by(

@@ -27,6 +27,7 @@ from psycopg import sql
 from sqlalchemy import create_engine, text
 
 from services.common.settings import Settings
+from services.common.stats import rounded_percentile
 from services.metadata.duplicates import candidates_sql, is_near_duplicate
 from services.metadata.warehouse import upgrade
 
@@ -178,8 +179,8 @@ def time_lookups(
         planted=len(planted_ids),
         planted_found=found,
         new_matched=false_matches,
-        p50_ms=round(statistics.median(latencies), 2),
-        p99_ms=round(latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))], 2),
+        p50_ms=rounded_percentile(latencies, 50, 2),
+        p99_ms=rounded_percentile(latencies, 99, 2),
         mean_candidates=round(statistics.fmean(candidates), 1),
         max_hamming=max_hamming,
         flipped_bits=flipped_bits,

@@ -29,7 +29,6 @@ Times, and what they stand for:
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -50,6 +49,7 @@ from sqlalchemy import (
 )
 
 from services.common.settings import Settings
+from services.common.stats import percentile
 from services.metadata.core import EpisodeStatus
 from services.metadata.warehouse import (
     dead_letters,
@@ -270,19 +270,6 @@ def freshness_query(window_s: int, limit: int) -> AnySelect:
 
 
 # --- shaping (pure) -------------------------------------------------------------------------
-
-
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """The q-th percentile (0-100) by linear interpolation between the closest ranks (numpy's
-    and Postgres's `percentile_cont` method); None for no values."""
-    if not 0 <= q <= 100:
-        raise ValueError(f"percentile {q} outside 0-100")
-    if not values:
-        return None
-    ordered = sorted(values)
-    rank = (len(ordered) - 1) * q / 100
-    low, high = math.floor(rank), math.ceil(rank)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
 def _rounded(value: float | None, digits: int = 3) -> float | None:

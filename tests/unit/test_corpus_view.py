@@ -16,6 +16,7 @@ from sqlalchemy import ClauseElement, Engine, create_engine
 from sqlalchemy.dialects import postgresql
 
 from services.common.settings import Settings
+from services.common.stats import percentile, rounded_percentile
 from services.lag.app import CORPUS_PANELS, LagService, corpus_routes, routes
 from services.stack import corpus
 from services.stack.corpus import (
@@ -25,7 +26,6 @@ from services.stack.corpus import (
     Limits,
     freshness_panel,
     grouped_rows,
-    percentile,
     reasons_json,
 )
 from services.stack.launcher import free_port
@@ -41,6 +41,14 @@ def sql(query: ClauseElement) -> str:
 @given(st.lists(st.floats(-1e6, 1e6), min_size=1, max_size=200), st.sampled_from([0, 50, 99, 100]))
 def test_percentile_interpolates_like_numpy(values: list[float], q: int) -> None:
     assert percentile(values, q) == pytest.approx(float(np.percentile(values, q)), abs=1e-6)
+
+
+def test_a_benchmark_percentile_is_the_same_method_rounded_and_needs_values() -> None:
+    latencies = [float(v) for v in range(1, 201)]  # 200 lookups, as the benches time
+    assert rounded_percentile(latencies, 99, 2) == round(float(np.percentile(latencies, 99)), 2)
+    assert rounded_percentile(latencies, 99, 2) == 198.01  # not the nearest rank above (199)
+    with pytest.raises(ValueError):
+        rounded_percentile([], 50, 2)
 
 
 def test_percentile_of_nothing_is_none_and_q_is_checked() -> None:
