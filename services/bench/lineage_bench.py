@@ -64,10 +64,6 @@ def _given(members: pa.Table) -> Callable[[], pa.Table]:
     return lambda: members
 
 
-def _percentile(values: list[float], q: float) -> float:
-    return rounded_percentile(values, q, 3)
-
-
 def bench_used_by(
     settings: Settings,
     episodes: int,
@@ -192,8 +188,8 @@ def time_used_by(
         "lookups": lookups,
         "wrong_answers": wrong,
         "mean_manifests_per_episode": round(float(holds.sum(axis=0).mean()), 1),
-        "used_by_p50_ms": _percentile(timings, 50),
-        "used_by_p99_ms": _percentile(timings, 99),
+        "used_by_p50_ms": rounded_percentile(timings, 50, 3),
+        "used_by_p99_ms": rounded_percentile(timings, 99, 3),
         "used_by_max_ms": round(max(timings), 3),
         "check_s": round(check_s, 3),
         "check_ok": report.ok,  # with share 1.0 every manifest holds the same episodes

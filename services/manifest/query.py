@@ -325,7 +325,7 @@ def build_query(
 def _packed_heads() -> str:
     # `||`, not concat(): measured cheaper (concat's variadic call and length() cost Postgres
     # more than the fields it saves). Every packed column is NOT NULL.
-    joined = " || chr(31) || ".join(f"m.{name}" for name in PACKED_HEADS)
+    joined = f" || chr({ord(HEADS_SEPARATOR)}) || ".join(f"m.{name}" for name in PACKED_HEADS)
     return f"    ({joined}) AS {PACKED_HEADS_COLUMN}"
 
 

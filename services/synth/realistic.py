@@ -407,6 +407,12 @@ def _check_duplicable(case: RealisticCase, original: RealisticCase | None) -> Re
     return original
 
 
+def _main_file(case: RealisticCase) -> str:
+    """The name of a case's main video file in its episode folder."""
+    ext = "mkv" if case.container == "mkv" else "mp4"
+    return f"head.{ext}" if case.second_camera_offset_s is not None else f"video.{ext}"
+
+
 @contextmanager
 def _original_recording(original: RealisticCase, out_dir: Path, seed: int) -> Iterator[Path]:
     """The original's video file a duplicate is made from, as a copy is made: the one written in
@@ -415,13 +421,12 @@ def _original_recording(original: RealisticCase, out_dir: Path, seed: int) -> It
     (when only the duplicate was asked for). Encoding twice is not always bit-identical: x264
     with threads gave different P-frames for the same input once, so a trimmed copy of a second
     encode need not match the first one's frames."""
-    ext = "mkv" if original.container == "mkv" else "mp4"
     directory = out_dir / episode_id_of(original.name, seed)
     if (directory / COMPLETION_MARKER).exists():
-        yield directory / f"video.{ext}"
+        yield directory / _main_file(original)
         return
     with tempfile.TemporaryDirectory(prefix="egoline-dup-") as tmp:
-        source = Path(tmp) / f"source.{ext}"
+        source = Path(tmp) / f"source{Path(_main_file(original)).suffix}"
         _video(original, source, seed + original.seed_offset)
         yield source
 
@@ -500,8 +505,7 @@ def write_case(
     if (directory / COMPLETION_MARKER).exists():
         return directory
     directory.mkdir(parents=True, exist_ok=True)
-    ext = "mkv" if case.container == "mkv" else "mp4"
-    main = f"head.{ext}" if case.second_camera_offset_s is not None else f"video.{ext}"
+    main = _main_file(case)
     source = case if case.duplicate_of is None else _check_duplicable(case, original)
     content_seed = seed + source.seed_offset
     own_seed = seed + case.seed_offset
