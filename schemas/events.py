@@ -45,7 +45,9 @@ def dlq_topic(topic: str) -> str:
 # Where the metadata service puts records of a DLQ topic that are themselves unreadable.
 TOPIC_METADATA_DLQ = "metadata.dlq"
 DLQ_TOPICS = tuple(dlq_topic(t) for t in METADATA_TOPICS)
-ALL_TOPICS = (*METADATA_TOPICS, *DLQ_TOPICS, TOPIC_METADATA_DLQ)
+# Observability: consumers' retry/isolation/rewind state, read by the lag monitor.
+TOPIC_CONSUMER_STATUS = "egoline.consumer-status"
+ALL_TOPICS = (*METADATA_TOPICS, *DLQ_TOPICS, TOPIC_METADATA_DLQ, TOPIC_CONSUMER_STATUS)
 
 
 def derive_event_id(*parts: str) -> str:
@@ -480,6 +482,51 @@ class DlqRecord(Model):
         description="only the first 256 KiB of a huge record are kept, so that the envelope "
         "always fits in a Kafka message",
     )
+    exception_type: str | None = Field(
+        default=None,
+        max_length=256,
+        description="internal_error isolated by bisection: the exception's type",
+    )
+    traceback_digest: str | None = Field(
+        default=None,
+        pattern=r"^[0-9a-f]{16}$",
+        description="internal_error isolated by bisection: a digest of where it was raised "
+        "(the same bug gives the same digest)",
+    )
+
+
+class ConsumerState(StrEnum):
+    """What a consumer is doing with a batch it could not commit (`egoline.consumer-status`)."""
+
+    RETRYING = "retrying"  # a batch-level step failed with a bug; tried again with backoff
+    ISOLATING = "isolating"  # every attempt failed: bisecting for the records that break it
+    REWINDING = "rewinding"  # the batch was rewound (a dependency down, a worker died)
+    COMMITTED = "committed"  # the batch after those was committed: the consumer moves again
+
+
+class PartitionPosition(Model):
+    topic: str = Field(max_length=249)
+    partition: int = Field(ge=0)
+    offset: int = Field(ge=0)
+
+
+class ConsumerStatus(Model):
+    """`egoline.consumer-status` (keyed by group): published by a stage or the metadata
+    service each time it retries, isolates or rewinds a batch, and once when it commits again.
+    The lag monitor shows the latest one per group (a group rewinding again and again is STALL,
+    with this reason). Observability only: never needed for correctness."""
+
+    schema_version: Literal[1] = 1
+    event_id: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{32}$")]
+    at: datetime
+    group: str = Field(max_length=256)
+    stage: str = Field(max_length=64)
+    state: ConsumerState
+    count: int = Field(ge=0, description="consecutive rewinds, or attempts of the failing step")
+    positions: list[PartitionPosition] = Field(
+        max_length=10_000, description="the batch's first offset on each of its partitions"
+    )
+    reason: str = Field(max_length=2000)
 
 
 EVENT_MODELS: dict[str, type[Model]] = {
@@ -489,4 +536,5 @@ EVENT_MODELS: dict[str, type[Model]] = {
     TOPIC_SHARDS: ShardsWritten,
     TOPIC_ANNOTATED: EpisodesAnnotated,
     "dlq": DlqRecord,
+    TOPIC_CONSUMER_STATUS: ConsumerStatus,
 }

@@ -30,9 +30,10 @@ from faststream import FastStream
 from faststream.confluent import KafkaBroker
 from pydantic import BaseModel
 
-from schemas.events import DlqRecord, ReasonCode, dlq_topic
+from schemas.events import TOPIC_CONSUMER_STATUS, ConsumerStatus, DlqRecord, ReasonCode, dlq_topic
 from services.common import metrics
 from services.common.consume import BatchConsumer, Finished, Publishers, subscribe
+from services.common.failpoints import Failpoints
 from services.common.limits import apply_memory_limit, time_limit
 from services.common.objectstore import ObjectStore, object_store
 from services.common.rawcache import RawCache, fetch_raw
@@ -106,6 +107,9 @@ class Stage(Generic[J, R]):
     cost: Callable[[J], float]
     run: Callable[[J], R]
     finish: Callable[[dict[int, J], dict[int, R]], Finished]
+    # Frees what `run` left on disk for `finish`, once the batch is done with it (finish may
+    # run several times on one batch's results: retries and bisection).
+    release: Callable[[dict[int, R]], None] | None = None
 
 
 class PoolRunner(Generic[J, R]):
@@ -189,6 +193,7 @@ def stage_consumer(
         {
             stage.out_topic: stage.out_schema,
             dlq_topic(stage.in_topic): DlqRecord,
+            TOPIC_CONSUMER_STATUS: ConsumerStatus,
             **(extra_schemas or {}),
         },
     )
@@ -198,6 +203,10 @@ def stage_consumer(
         runner=PoolRunner(stage.name, stage.run, stage.cost, settings),
         finish=stage.finish,
         publishers=publishers,
+        step_attempts=settings.batch_step_attempts,
+        step_backoff_s=settings.batch_step_backoff_s,
+        release=stage.release,
+        failpoints=Failpoints.parse(settings.failpoints),
     )
 
 

@@ -19,6 +19,16 @@ Every failure of every step goes through `stage.classify` -> RETRY or DEAD_LETTE
 anywhere rewinds the whole batch (every effect is idempotent, so redoing what succeeded is
 harmless); a DEAD_LETTER costs only its own record (or, when `finish` rejects the batch's
 work for good, the records that reached it).
+
+Poison isolation (`finish_batch`): a batch-level step that raises a bug of ours (neither bad
+input nor a dependency down) is tried `step_attempts` times with backoff, then bisected: it runs
+again on each half of the records, recursively, until the single records whose presence makes
+it fail are found. Those are dead-lettered as `internal_error` with the exception type and a
+traceback digest; every other record goes through. A dependency failing at any point (before or
+during the bisection) rewinds the whole batch instead: an outage is never bisected, so it can
+never dead-letter a good episode. While a batch is retried or isolated, the consumer publishes
+its state to `egoline.consumer-status`, which the lag monitor reads (a group that rewinds the
+same offsets again and again is STALL there, with the reason).
 """
 
 from __future__ import annotations
@@ -26,8 +36,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from typing import Any, Generic, Protocol, TypeVar
 
 from faststream import FastStream
@@ -35,8 +47,16 @@ from faststream.confluent import KafkaBroker
 from faststream.confluent.annotations import KafkaMessage
 from pydantic import BaseModel
 
-from schemas.events import dlq_topic
+from schemas.events import (
+    TOPIC_CONSUMER_STATUS,
+    ConsumerState,
+    ConsumerStatus,
+    PartitionPosition,
+    derive_event_id,
+    dlq_topic,
+)
 from services.common import metrics
+from services.common.failpoints import Failpoints
 from services.common.retry import backoff_delay
 from services.common.settings import Settings
 from services.common.stage import (
@@ -45,6 +65,8 @@ from services.common.stage import (
     PermanentError,
     classify,
     dlq_record,
+    internal_error,
+    is_transient,
     subscriber_options,
 )
 
@@ -156,6 +178,9 @@ class Publishers:
     def __getitem__(self, topic: str) -> Any:
         return self._by_topic[topic]
 
+    def has(self, topic: str) -> bool:
+        return topic in self._by_topic
+
     async def publish(self, *outputs: Output) -> None:
         """Produce each output in order (so outputs with one key keep their order in its
         partition), then wait until the broker acknowledged every one of them: one round trip
@@ -191,7 +216,17 @@ class BatchConsumer(Generic[J, R]):
     publishers: Publishers
     dlq_for: Callable[[str], str] = dlq_topic
     backoff_base_s: float = 0.5
+    # Poison isolation: attempts of a failing batch-level step before it is bisected, and the
+    # base of the backoff between them (EGOLINE_BATCH_STEP_ATTEMPTS, _BACKOFF_S).
+    step_attempts: int = 3
+    step_backoff_s: float = 0.5
+    # Frees what `run` left for `finish` (the shard stage's spooled clips): called once the
+    # batch is done with them (committed, isolated or rewound), never between attempts.
+    release: Callable[[dict[int, R]], None] | None = None
+    failpoints: Failpoints = field(default_factory=Failpoints)
+    group: str = ""  # the consumer group, for `egoline.consumer-status` (default egoline-<stage>)
     _retries: int = 0  # consecutive rewinds, for the backoff
+    _status_open: bool = False  # a non-committed status was published since the last commit
 
     async def consume(self, msg: KafkaMessage) -> None:
         started = time.perf_counter()
@@ -210,7 +245,7 @@ class BatchConsumer(Generic[J, R]):
         if outcome.retry is not None:
             await self.rewind(msg, records, outcome.retry)
             return
-        await self.commit(msg)
+        await self.commit(msg, records)
         self.observe(records, outcome, time.perf_counter() - started)
 
     async def work(self, records: Sequence[Record]) -> BatchOutcome:
@@ -222,7 +257,11 @@ class BatchConsumer(Generic[J, R]):
         results = await self.run_jobs(jobs, outcome)
         if outcome.retry is not None:
             return outcome
-        await self.finish_batch(jobs, results, outcome)
+        try:
+            await self.finish_batch(records, jobs, results, outcome)
+        finally:
+            if self.release is not None and results:
+                await asyncio.to_thread(self.release, results)
         return outcome
 
     def prepare_records(self, records: Sequence[Record], outcome: BatchOutcome) -> dict[int, J]:
@@ -256,22 +295,126 @@ class BatchConsumer(Generic[J, R]):
         return results
 
     async def finish_batch(
-        self, jobs: dict[int, J], results: dict[int, R], outcome: BatchOutcome
+        self,
+        records: Sequence[Record],
+        jobs: dict[int, J],
+        results: dict[int, R],
+        outcome: BatchOutcome,
     ) -> None:
-        # In a thread: batch-level effects block (object store, warehouse).
-        try:
-            finished = await asyncio.to_thread(self.finish, {i: jobs[i] for i in results}, results)
-        except Exception as exc:
-            failure = classify(exc, about_record=False)
-            if failure.outcome is Outcome.RETRY:
-                outcome.retry = failure
-            else:
-                # The batch's work was refused for good (a PermanentError from a batch-level
-                # effect): every record that reached `finish` goes to its DLQ with the reason.
-                outcome.failures.update({i: failure for i in results})
+        """The batch-level step, with poison isolation (the module's docstring)."""
+        reached = sorted(results)
+        finished: Finished | None = None
+        for attempt in range(1, self.step_attempts + 1):
+            try:
+                finished = await self._finish_part(records, jobs, results, reached)
+                break
+            except Exception as exc:
+                if self._refused(exc, reached, outcome):
+                    return
+                log.warning(
+                    "%s: batch step finish failed (attempt %d of %d): %s: %s",
+                    self.stage,
+                    attempt,
+                    self.step_attempts,
+                    type(exc).__name__,
+                    exc,
+                )
+                if attempt < self.step_attempts:
+                    metrics.STEP_RETRIES.labels(self.stage).inc()
+                    await self.report_status(
+                        ConsumerState.RETRYING,
+                        records,
+                        f"finish attempt {attempt}/{self.step_attempts}: "
+                        f"{type(exc).__name__}: {exc}",
+                        attempt,
+                    )
+                    await asyncio.sleep(backoff_delay(attempt - 1, base_s=self.step_backoff_s))
+        if finished is not None:
+            outcome.outputs.extend(finished.outputs)
+            outcome.failures.update(finished.failures)
             return
-        outcome.outputs.extend(finished.outputs)
-        outcome.failures.update(finished.failures)
+        # Every attempt failed with a bug: find the records whose presence makes it fail.
+        await self.report_status(
+            ConsumerState.ISOLATING,
+            records,
+            f"finish failed {self.step_attempts} times; bisecting {len(reached)} records",
+            self.step_attempts,
+        )
+        metrics.BISECTIONS.labels(self.stage).inc()
+        isolated = BatchOutcome()
+        middle = len(reached) // 2
+        for half in (reached[:middle], reached[middle:]):
+            await self._bisect(records, jobs, results, half, isolated)
+            if isolated.retry is not None:
+                outcome.retry = isolated.retry
+                return
+        metrics.ISOLATED.labels(self.stage).inc(
+            sum(1 for f in isolated.failures.values() if f.exception_type is not None)
+        )
+        outcome.outputs.extend(isolated.outputs)
+        outcome.failures.update(isolated.failures)
+
+    async def _finish_part(
+        self, records: Sequence[Record], jobs: dict[int, J], results: dict[int, R], part: list[int]
+    ) -> Finished:
+        """`finish` on some of the batch's records, in a thread (batch-level effects block)."""
+
+        def call() -> Finished:
+            finished = self.finish({i: jobs[i] for i in part}, {i: results[i] for i in part})
+            self.failpoints.check(self.stage, "finish", (records[i].value for i in part))
+            return finished
+
+        return await asyncio.to_thread(call)
+
+    def _refused(self, exc: Exception, part: list[int], outcome: BatchOutcome) -> bool:
+        """Handle what is not a bug: a dependency down rewinds the batch, bad input refused by
+        the batch-level effect dead-letters the records of `part`. True when handled."""
+        failure = classify(exc, about_record=False)
+        if is_transient(exc):
+            outcome.retry = failure
+            return True
+        if isinstance(exc, PermanentError):
+            # The work was refused for good: every record that reached `finish` goes to its
+            # DLQ with the reason.
+            outcome.failures.update(dict.fromkeys(part, failure))
+            return True
+        return False
+
+    async def _bisect(
+        self,
+        records: Sequence[Record],
+        jobs: dict[int, J],
+        results: dict[int, R],
+        part: list[int],
+        isolated: BatchOutcome,
+    ) -> None:
+        if not part or isolated.retry is not None:
+            return
+        try:
+            finished = await self._finish_part(records, jobs, results, part)
+        except Exception as exc:
+            if self._refused(exc, part, isolated):
+                return
+            if len(part) == 1:
+                (i,) = part
+                failure = internal_error(exc, step="finish")
+                record = records[i]
+                log.error(
+                    "%s: %s[%d]@%d isolated: %s",
+                    self.stage,
+                    record.topic,
+                    record.partition,
+                    record.offset,
+                    failure.message,
+                )
+                isolated.failures[i] = failure
+                return
+            middle = len(part) // 2
+            await self._bisect(records, jobs, results, part[:middle], isolated)
+            await self._bisect(records, jobs, results, part[middle:], isolated)
+            return
+        isolated.outputs.extend(finished.outputs)
+        isolated.failures.update(finished.failures)
 
     async def publish_outcomes(self, records: Sequence[Record], outcome: BatchOutcome) -> None:
         await self.publishers.publish(*outcome.outputs)
@@ -295,14 +438,20 @@ class BatchConsumer(Generic[J, R]):
                 record.key,
                 record.value,
                 error,
+                exception_type=failure.exception_type,
+                traceback_digest=failure.traceback_digest,
             )
             dead.append(Output(self.dlq_for(record.topic), envelope, envelope.event_id))
         await self.publishers.publish(*dead)
 
-    async def commit(self, msg: KafkaMessage) -> None:
+    async def commit(self, msg: KafkaMessage, records: Sequence[Record] = ()) -> None:
         self._retries = 0
         metrics.LOCAL_DISK_FAILING.labels(self.stage).set(0)
+        metrics.CONSECUTIVE_REWINDS.labels(self.stage).set(0)
         await msg.ack()
+        if self._status_open:
+            await self.report_status(ConsumerState.COMMITTED, records, "batch committed", 0)
+            self._status_open = False
 
     async def rewind(self, msg: KafkaMessage, records: Sequence[Record], why: Failure) -> None:
         """Seek every partition of the batch back to its first record, then back off."""
@@ -312,10 +461,44 @@ class BatchConsumer(Generic[J, R]):
             metrics.LOCAL_DISK_FAILING.labels(self.stage).set(1)
         delay = backoff_delay(self._retries, base_s=self.backoff_base_s)
         self._retries += 1
+        metrics.CONSECUTIVE_REWINDS.labels(self.stage).set(self._retries)
         log.warning("%s: batch rewound (retry in %.1fs): %s", self.stage, delay, why.message)
         for (topic, partition), offset in rewind_positions(records).items():
             await msg.consumer.seek(topic=topic, partition=partition, offset=offset)
+        await self.report_status(ConsumerState.REWINDING, records, why.message, self._retries)
         await asyncio.sleep(delay)
+
+    async def report_status(
+        self, state: ConsumerState, records: Sequence[Record], reason: str, count: int
+    ) -> None:
+        """Publish the consumer's state to `egoline.consumer-status` (for the lag monitor).
+        Observability only: if it cannot be published (the broker may be what is down), the
+        batch goes on as it would have, and the failure is logged and counted."""
+        if not self.publishers.has(TOPIC_CONSUMER_STATUS):
+            return
+        group = self.group or f"egoline-{self.stage}"
+        status = ConsumerStatus(
+            event_id=derive_event_id("status", group, uuid.uuid4().hex),
+            at=datetime.now(UTC),
+            group=group,
+            stage=self.stage,
+            state=state,
+            count=count,
+            positions=[
+                PartitionPosition(topic=t, partition=p, offset=o)
+                for (t, p), o in sorted(rewind_positions(records).items())
+            ],
+            reason=reason[:2000],
+        )
+        try:
+            await asyncio.wait_for(
+                self.publishers.publish(Output(TOPIC_CONSUMER_STATUS, status, group)), timeout=5
+            )
+        except Exception as exc:
+            metrics.STATUS_PUBLISH_FAILURES.labels(self.stage).inc()
+            log.warning("%s: consumer status not published: %s", self.stage, exc)
+            return
+        self._status_open = state is not ConsumerState.COMMITTED
 
     def observe(self, records: Sequence[Record], outcome: BatchOutcome, seconds: float) -> None:
         for failure in outcome.failures.values():

@@ -23,6 +23,31 @@ REWINDS = Counter(
     "Batches rewound for a retry after a transient failure (dependency down, worker died)",
     ["stage"],
 )
+STEP_RETRIES = Counter(
+    "egoline_stage_step_retries_total",
+    "Retries of a batch-level step (finish) that failed with a bug, before bisecting",
+    ["stage"],
+)
+BISECTIONS = Counter(
+    "egoline_stage_bisections_total",
+    "Batches bisected after their batch-level step failed every attempt",
+    ["stage"],
+)
+ISOLATED = Counter(
+    "egoline_stage_isolated_records_total",
+    "Records found by bisection to make a batch-level step fail (dead-lettered internal_error)",
+    ["stage"],
+)
+CONSECUTIVE_REWINDS = Gauge(
+    "egoline_stage_consecutive_rewinds",
+    "Rewinds since the last committed batch (the same offsets retried again and again)",
+    ["stage"],
+)
+STATUS_PUBLISH_FAILURES = Counter(
+    "egoline_stage_status_publish_failures_total",
+    "Consumer-status events that could not be published (the batch went on regardless)",
+    ["stage"],
+)
 BYTES_READ = Counter(
     "egoline_stage_object_bytes_read_total", "Bytes a stage read from the object store", ["stage"]
 )

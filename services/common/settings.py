@@ -318,6 +318,13 @@ class Settings(DeviceSettings):
     job_time_limit_s: float = Field(default=1800.0, ge=0)
     batch_max_records: int = Field(default=32, ge=1, le=10_000)
     batch_wait_s: float = Field(default=1.0, gt=0, description="how long to fill a batch")
+    # Poison isolation (docs/architecture.md): a batch-level step (finish) that fails with a bug
+    # is tried this many times, with backoff from this base, then bisected to the records that
+    # make it fail. A dependency down is a rewind instead, retried without end.
+    batch_step_attempts: int = Field(default=3, ge=1, le=20)
+    batch_step_backoff_s: float = Field(default=0.5, ge=0, le=60)
+    # Planted bugs for fault-handling tests (services/common/failpoints.py); empty in production.
+    failpoints: str = Field(default="", max_length=1000)
     spool_dir: Path | None = Field(default=None, description="shard stage scratch (default: tmp)")
     raw_cache_dir: Path | None = Field(
         default=None, description="node-local cache of raw objects shared by the stages"

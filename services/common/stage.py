@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import base64
 import errno
+import hashlib
 import json
 import logging
+import traceback
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -111,6 +113,10 @@ class Failure:
     code: ReasonCode
     message: str
     disk_errno: str | None = None
+    # A bug of ours isolated to one record: the exception's type and a digest of where it was
+    # raised (the same bug in two records gives the same digest), carried into the DLQ record.
+    exception_type: str | None = None
+    traceback_digest: str | None = None
 
     @property
     def transient(self) -> bool:
@@ -145,6 +151,39 @@ def classify(exc: BaseException, *, about_record: bool = True) -> Failure:
         return Failure(Outcome.RETRY, ReasonCode.INTERNAL_ERROR, message, local_disk_errno(exc))
     outcome = Outcome.DEAD_LETTER if about_record else Outcome.RETRY
     return Failure(outcome, ReasonCode.INTERNAL_ERROR, message)
+
+
+def traceback_digest(exc: BaseException) -> tuple[str, str]:
+    """A short digest of where `exc` was raised (16 hex digits of sha256 over the exception's
+    type and each frame's module file, function and line: stable across machines and runs of
+    one build, different for another bug), and the innermost frame as `file:line in function`."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    parts = [type(exc).__qualname__]
+    for frame in frames:
+        # The path from the package root on, so the digest does not depend on where the
+        # project is installed.
+        path = frame.filename.replace("\\", "/")
+        for root in ("/services/", "/schemas/", "/tests/", "/site-packages/"):
+            if root in path:
+                path = root.strip("/") + "/" + path.split(root, 1)[1]
+                break
+        parts.append(f"{path}:{frame.name}:{frame.lineno}")
+    where = parts[-1].rsplit(":", 2) if frames else ["?", "?", "?"]
+    digest = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+    return digest, f"{where[0]}:{where[2]} in {where[1]}"
+
+
+def internal_error(exc: BaseException, step: str) -> Failure:
+    """The dead letter of a record isolated as the cause of a batch-level step's failure."""
+    digest, where = traceback_digest(exc)
+    return Failure(
+        Outcome.DEAD_LETTER,
+        ReasonCode.INTERNAL_ERROR,
+        f"batch step {step} fails with this record: {type(exc).__name__}: {exc}"[:1500]
+        + f" (isolated by bisection; traceback {digest} at {where})",
+        exception_type=type(exc).__name__,
+        traceback_digest=digest,
+    )
 
 
 def parse_event(body: bytes, model: type[M]) -> M:
@@ -226,6 +265,8 @@ def dlq_record(
     key: bytes | None,
     value: bytes,
     error: PermanentError,
+    exception_type: str | None = None,
+    traceback_digest: str | None = None,
 ) -> DlqRecord:
     """The dead-letter envelope: the original record untouched, plus where and why it failed."""
     size = len(value)
@@ -250,4 +291,6 @@ def dlq_record(
         original_encoding=encoding,
         original_size=size if truncated else None,
         original_truncated=truncated,
+        exception_type=exception_type,
+        traceback_digest=traceback_digest,
     )

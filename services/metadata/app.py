@@ -24,12 +24,15 @@ from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, OperationalErr
 from schemas.events import (
     DLQ_TOPICS,
     METADATA_TOPICS,
+    TOPIC_CONSUMER_STATUS,
     TOPIC_METADATA_DLQ,
+    ConsumerStatus,
     DlqRecord,
     ReasonCode,
     dlq_topic,
 )
 from services.common.consume import BatchConsumer, Finished, NoWork, Publishers, subscribe
+from services.common.failpoints import Failpoints
 from services.common.settings import Settings
 from services.common.stage import (
     Failure,
@@ -147,9 +150,19 @@ def build_consumer(
         prepare=lambda topic, body: parse_record(topic, body, settings),
         runner=NoWork(),
         finish=lambda jobs, _results: Finished(failures=apply_records(engine, jobs)),
-        publishers=Publishers(broker, dict.fromkeys(sorted(dlq_topics), DlqRecord)),
+        publishers=Publishers(
+            broker,
+            {
+                **dict.fromkeys(sorted(dlq_topics), DlqRecord),
+                TOPIC_CONSUMER_STATUS: ConsumerStatus,
+            },
+        ),
         dlq_for=metadata_dlq_for,
         backoff_base_s=1.0,
+        step_attempts=settings.batch_step_attempts,
+        step_backoff_s=settings.batch_step_backoff_s,
+        failpoints=Failpoints.parse(settings.failpoints),
+        group=GROUP,
     )
 
 

@@ -504,24 +504,26 @@ def build_stage(settings: Settings, store: ObjectStore) -> Stage[ShardJob, CutEp
         replayed = [ShardsWritten.model_validate_json(e) for c in cuts for e in c.done_events]
         spool.mkdir(parents=True, exist_ok=True)
         fresh: list[ShardsWritten] = []
-        try:
-            # A shard holds clips of one pipeline version (a backfill's episodes share batches
-            # with new uploads): each version is packed on its own, under its own keys.
-            for version in sorted({c.pipeline_version for c in cuts}):
-                mine = [c for c in cuts if c.pipeline_version == version]
-                theirs = [e for e in replayed if e.pipeline_version == version]
-                todo, covered = split_covered(mine, theirs)
-                for episode_id, events in covered.items():
-                    marker = episode_marker_key(version, episode_id)
-                    body = json.dumps({"events": [e.model_dump_json() for e in events]})
-                    store.put_bytes(marker, body.encode(), "application/json")
-                fresh += pack_and_write(store, todo, target_bytes, version, spool)
-        finally:
-            for cut in cuts:
-                for clip in cut.clips:
-                    shutil.rmtree(clip.members[0].path.parent, ignore_errors=True)
+        # A shard holds clips of one pipeline version (a backfill's episodes share batches
+        # with new uploads): each version is packed on its own, under its own keys.
+        for version in sorted({c.pipeline_version for c in cuts}):
+            mine = [c for c in cuts if c.pipeline_version == version]
+            theirs = [e for e in replayed if e.pipeline_version == version]
+            todo, covered = split_covered(mine, theirs)
+            for episode_id, events in covered.items():
+                marker = episode_marker_key(version, episode_id)
+                body = json.dumps({"events": [e.model_dump_json() for e in events]})
+                store.put_bytes(marker, body.encode(), "application/json")
+            fresh += pack_and_write(store, todo, target_bytes, version, spool)
         unique = {e.event_id: e for e in [*fresh, *replayed]}
         return Finished([Output(TOPIC_SHARDS, e, e.shard_sha256) for e in unique.values()])
+
+    def release(results: dict[int, CutEpisode]) -> None:
+        # The clips' spooled members, kept until the batch is done with them: `finish` may run
+        # on them several times (retries, bisection for a poison record).
+        for cut in results.values():
+            for clip in cut.clips:
+                shutil.rmtree(clip.members[0].path.parent, ignore_errors=True)
 
     return Stage(
         name="shard",
@@ -532,6 +534,7 @@ def build_stage(settings: Settings, store: ObjectStore) -> Stage[ShardJob, CutEp
         cost=lambda job: float(job.validated.decoded.episode.video.size_bytes),
         run=run_cut,
         finish=finish,
+        release=release,
     )
 
 

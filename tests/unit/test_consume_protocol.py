@@ -22,7 +22,15 @@ from faststream.confluent.annotations import KafkaMessage
 from faststream.confluent.message import FakeConsumer
 from pydantic import BaseModel
 
-from schemas.events import DLQ_TOPICS, STAGE_TOPICS, TOPIC_METADATA_DLQ, DlqRecord, ReasonCode
+from schemas.events import (
+    DLQ_TOPICS,
+    STAGE_TOPICS,
+    TOPIC_CONSUMER_STATUS,
+    TOPIC_METADATA_DLQ,
+    ConsumerStatus,
+    DlqRecord,
+    ReasonCode,
+)
 from services.common.batch import run_jobs
 from services.common.consume import (
     BatchConsumer,
@@ -35,6 +43,7 @@ from services.common.consume import (
     rewind_positions,
     subscribe,
 )
+from services.common.failpoints import Failpoints, FailpointTripped
 from services.common.settings import Settings
 from services.common.stage import PermanentError, TransientError, classify, keep_raw
 
@@ -53,7 +62,13 @@ class Journal:
     entries: list[tuple[Any, ...]] = field(default_factory=list)
 
     def kinds(self) -> list[str]:
-        return [e[0] if e[0] != "publish" else f"publish:{e[1]}" for e in self.entries]
+        """What reached the broker, without the consumer-status events (observability only,
+        asserted on by the tests about them)."""
+        return [
+            e[0] if e[0] != "publish" else f"publish:{e[1]}"
+            for e in self.entries
+            if e[:2] != ("publish", TOPIC_CONSUMER_STATUS)
+        ]
 
     def published(self, topic: str) -> list[dict[str, Any]]:
         return [json.loads(e[2]) for e in self.entries if e[0] == "publish" and e[1] == topic]
@@ -144,12 +159,15 @@ def make_harness(journal: Journal) -> Callable[..., Any]:
             prepare=prepare,
             runner=InProcessRunner(run) if run is not None else NoWork(),
             finish=finish,
-            publishers=Publishers(broker, {OUT: Done, **dlqs}),
+            publishers=Publishers(
+                broker, {OUT: Done, **dlqs, TOPIC_CONSUMER_STATUS: ConsumerStatus}
+            ),
             dlq_for=dlq_for,
             backoff_base_s=0.0,
+            step_backoff_s=0.0,
         )
         subscribe(Settings(_env_file=None), broker, consumer, topics)
-        for topic in (OUT, *dlqs):
+        for topic in (OUT, *dlqs, TOPIC_CONSUMER_STATUS):
 
             @broker.subscriber(topic, group_id=f"watch-{topic}", decoder=keep_raw)
             async def watch(msg: KafkaMessage) -> None:
@@ -280,16 +298,182 @@ async def test_permanent_failure_in_finish_dead_letters_the_records_that_reached
     assert reasons == ["shard_write_failed", "not_a_video", "shard_write_failed"]
 
 
-async def test_a_bug_in_finish_rewinds_instead_of_dead_lettering_good_records(
+def poison_finish(
+    poison: set[int], calls: list[list[int]] | None = None, outage_on_call: int | None = None
+) -> Callable[[dict[int, int], dict[int, int]], Finished]:
+    """A batch-level step with a bug: it raises KeyError whenever its batch holds a poison
+    value (after doing its work, like a packing step that fails half-way), and, if asked, a
+    dependency outage on its n-th call."""
+
+    def finish(jobs: dict[int, int], results: dict[int, int]) -> Finished:
+        if calls is not None:
+            calls.append(sorted(jobs.values()))
+            if outage_on_call is not None and len(calls) == outage_on_call:
+                raise TransientError("object store unreachable")
+        done = outputs(jobs, results)
+        bad = poison & set(jobs.values())
+        if bad:
+            raise KeyError(f"{min(bad)}_00000.mp4")
+        return done
+
+    return finish
+
+
+async def test_a_bug_in_finish_dead_letters_only_the_record_that_causes_it(
     make_harness: Callable[..., Harness],
 ) -> None:
-    def bug(_jobs: dict[int, int], _results: dict[int, int]) -> Finished:
-        raise ZeroDivisionError("a bug in the batch-level effect")
-
-    h = make_harness(finish=bug)
+    calls: list[list[int]] = []
+    h = make_harness(finish=poison_finish({5}, calls))
     async with TestKafkaBroker(h.broker):
-        await h.deliver(b"1")
+        await h.deliver(*(str(n).encode() for n in range(1, 9)))
+    kinds = h.journal.kinds()
+    assert "seek" not in kinds and kinds[-1] == "commit"
+    assert sorted(e["value"] for e in h.journal.published(OUT)) == [10, 20, 30, 40, 60, 70, 80]
+    (dead,) = h.journal.published(DLQ)
+    assert (dead["reason_code"], dead["original_value"]) == ("internal_error", "5")
+    assert dead["exception_type"] == "KeyError" and "5_00000.mp4" in dead["reason"]
+    assert len(dead["traceback_digest"]) == 16
+    # 3 attempts on the whole batch, then halves: [1-4] ok, [5-8] -> [5,6] -> [5] poison, [6],
+    # [7,8]: bounded by attempts + 2 log2(n) calls, never a retry of the batch forever.
+    assert calls[:3] == [list(range(1, 9))] * 3
+    assert len(calls) <= 3 + 2 * 3 + 1
+
+
+async def test_two_poison_records_in_one_batch_are_both_isolated_with_one_digest(
+    make_harness: Callable[..., Harness],
+) -> None:
+    h = make_harness(finish=poison_finish({2, 7}))
+    async with TestKafkaBroker(h.broker):
+        await h.deliver(*(str(n).encode() for n in range(1, 9)))
+    dead = h.journal.published(DLQ)
+    assert sorted(d["original_value"] for d in dead) == ["2", "7"]
+    assert len({d["traceback_digest"] for d in dead}) == 1  # the same bug
+    assert len(h.journal.published(OUT)) == 6 and h.journal.kinds()[-1] == "commit"
+
+
+async def test_a_bug_that_passes_on_a_retry_dead_letters_nothing(
+    make_harness: Callable[..., Harness],
+) -> None:
+    calls: list[list[int]] = []
+
+    def flaky(jobs: dict[int, int], results: dict[int, int]) -> Finished:
+        calls.append(sorted(jobs.values()))
+        if len(calls) == 1:
+            raise RuntimeError("a race of ours")
+        return outputs(jobs, results)
+
+    h = make_harness(finish=flaky)
+    async with TestKafkaBroker(h.broker):
+        await h.deliver(b"1", b"2")
+    assert h.journal.kinds() == ["publish:out.topic", "publish:out.topic", "commit"]
+    assert len(calls) == 2
+
+
+async def test_a_bug_only_in_combination_commits_every_record(
+    make_harness: Callable[..., Harness],
+) -> None:
+    """Records that fail only together (each half succeeds alone) are none of them poison."""
+
+    def together(jobs: dict[int, int], results: dict[int, int]) -> Finished:
+        if {1, 8} <= set(jobs.values()):
+            raise ValueError("these two collide")
+        return outputs(jobs, results)
+
+    h = make_harness(finish=together)
+    async with TestKafkaBroker(h.broker):
+        await h.deliver(*(str(n).encode() for n in range(1, 9)))
+    assert h.journal.published(DLQ) == [] and len(h.journal.published(OUT)) == 8
+    assert h.journal.kinds()[-1] == "commit"
+
+
+async def test_a_dependency_outage_during_the_bisection_rewinds_and_dead_letters_nothing(
+    make_harness: Callable[..., Harness],
+) -> None:
+    calls: list[list[int]] = []
+    # Calls 1-3: the whole batch (poison); call 4: the first half, while S3 is down.
+    h = make_harness(finish=poison_finish({5}, calls, outage_on_call=4))
+    async with TestKafkaBroker(h.broker):
+        await h.deliver(*(str(n).encode() for n in range(1, 9)))
     assert h.journal.kinds() == ["seek"]
+    assert h.journal.published(DLQ) == [] and h.journal.published(OUT) == []
+    assert len(calls) == 4
+
+
+async def test_a_dependency_outage_in_finish_is_never_bisected(
+    make_harness: Callable[..., Harness],
+) -> None:
+    calls: list[list[int]] = []
+
+    def down(jobs: dict[int, int], _results: dict[int, int]) -> Finished:
+        calls.append(sorted(jobs.values()))
+        raise TransientError("warehouse unavailable")
+
+    h = make_harness(finish=down)
+    async with TestKafkaBroker(h.broker):
+        await h.deliver(b"1", b"2", b"3")
+    assert h.journal.kinds() == ["seek"] and calls == [[1, 2, 3]]
+
+
+async def test_the_consumer_reports_retrying_isolating_then_committed(
+    make_harness: Callable[..., Harness],
+) -> None:
+    h = make_harness(finish=poison_finish({3}))
+    async with TestKafkaBroker(h.broker):
+        await h.deliver(b"1", b"3")
+        await h.deliver(b"4")  # the next batch commits cleanly: no status
+    states = [(e["state"], e["count"]) for e in h.journal.published(TOPIC_CONSUMER_STATUS)]
+    assert states == [("retrying", 1), ("retrying", 2), ("isolating", 3), ("committed", 0)]
+    (status, *_) = h.journal.published(TOPIC_CONSUMER_STATUS)
+    assert status["group"] == "egoline-test"
+    assert status["positions"] == [{"topic": IN, "partition": 0, "offset": 0}]
+
+
+async def test_a_rewinding_consumer_reports_each_rewind_with_its_reason(
+    harness: Harness,
+) -> None:
+    await harness.deliver(b"99")
+    await harness.deliver(b"99")
+    states = [
+        (e["state"], e["count"], e["reason"])
+        for e in harness.journal.published(TOPIC_CONSUMER_STATUS)
+    ]
+    assert [s[:2] for s in states] == [("rewinding", 1), ("rewinding", 2)]
+    assert all("object store unreachable" in s[2] for s in states)
+
+
+async def test_release_runs_once_after_every_attempt_and_the_bisection(
+    make_harness: Callable[..., Harness],
+) -> None:
+    released: list[list[int]] = []
+    h = make_harness(finish=poison_finish({2}))
+    h.consumer.release = lambda results: released.append(sorted(results.values()))
+    async with TestKafkaBroker(h.broker):
+        await h.deliver(b"1", b"2", b"3")
+    assert released == [[10, 20, 30]]
+
+
+async def test_a_failpoint_plants_a_bug_in_finish_for_its_marked_records(
+    make_harness: Callable[..., Harness],
+) -> None:
+    h = make_harness()
+    h.consumer.failpoints = Failpoints.parse("test.finish=77")
+    async with TestKafkaBroker(h.broker):
+        await h.deliver(b"1", b"77", b"2")
+    (dead,) = h.journal.published(DLQ)
+    assert (dead["original_value"], dead["exception_type"]) == ("77", "FailpointTripped")
+    assert len(h.journal.published(OUT)) == 2
+
+
+def test_failpoints_parse_and_refuse_typos() -> None:
+    points = Failpoints.parse(" shard.finish=poison-, metadata.finish=x ")
+    assert points.markers == {("shard", "finish"): b"poison-", ("metadata", "finish"): b"x"}
+    points.check("shard", "finish", [b"fine"])
+    points.check("decode", "finish", [b"poison-1"])
+    with pytest.raises(FailpointTripped):
+        points.check("shard", "finish", [b"fine", b'{"id": "poison-1"}'])
+    for typo in ("shard=x", "shard.finsh=x", "shard.finish=", ".finish=x"):
+        with pytest.raises(ValueError, match="failpoint"):
+            Failpoints.parse(typo)
 
 
 async def test_per_record_failures_from_finish_go_to_the_dlq_topic_of_their_record(
