@@ -46,6 +46,8 @@ def matches(stated: str, default: object) -> bool:
             return float(stated) == float(default)
         except ValueError:
             return False
+    if default == "":
+        return stated == "empty"
     return stated == str(default)
 
 
