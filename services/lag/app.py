@@ -20,9 +20,9 @@ from prometheus_client import CollectorRegistry, Gauge
 
 from services.common.health import Liveness, Response, Route, metrics_route, start_http, text
 from services.common.settings import Settings
-from services.lag.collector import OffsetReader
+from services.lag.collector import OffsetReader, StatusReader
 from services.lag.history import LagHistory
-from services.lag.monitor import PIPELINE_GROUPS, LagMonitor, LagReport, report_json
+from services.lag.monitor import LagMonitor, LagReport, report_json, watched_groups
 
 log = logging.getLogger("egoline.lag")
 
@@ -81,11 +81,13 @@ class LagMetrics:
 
 
 class LagService:
-    def __init__(self, settings: Settings, groups: list[str], interval_s: float = 2.0) -> None:
+    def __init__(
+        self, settings: Settings, groups: dict[str, tuple[str, ...]], interval_s: float = 2.0
+    ) -> None:
         self.settings = settings
-        self.groups = groups
+        self.groups = groups  # group -> the topics it consumes (watched_groups)
         self.interval_s = interval_s
-        self.monitor = LagMonitor()
+        self.monitor = LagMonitor(groups=tuple(groups))
         self.metrics = LagMetrics()
         self.history = LagHistory()
         # one poll can wait ~10 s per admin request while the broker is unreachable
@@ -97,11 +99,14 @@ class LagService:
 
     def poll_forever(self, stop: threading.Event) -> None:
         reader: OffsetReader | None = None
+        statuses: StatusReader | None = None
         while not stop.is_set():
             self.liveness.beat()
             try:
                 reader = reader or OffsetReader(self.settings)
+                statuses = statuses or StatusReader(self.settings)
                 self.monitor.observe(reader.read(self.groups))
+                self.monitor.observe_status(statuses.read(max_s=0.5))
                 self.last_ok, self.error = time.time(), None
             except Exception as exc:  # the broker is down: report UNKNOWN, keep polling
                 # name the exception: a timed-out admin request's message is empty
@@ -118,14 +123,16 @@ class LagService:
             stop.wait(self.interval_s)
         if reader is not None:
             reader.close()
+        if statuses is not None:
+            statuses.close()
 
     def snapshot(self) -> dict[str, Any]:
-        """The `/lag.json` document: the latest report per group, the groups watched (a group
-        that has committed nothing yet has no entry in `groups`), and the reading's health."""
+        """The `/lag.json` document: the latest report per group (every watched group, with
+        `never_committed` and `reason`), the groups watched, and the reading's health."""
         with self._lock:
             return {
                 "groups": report_json(self.report),
-                "watched": self.groups,
+                "watched": list(self.groups),
                 "interval_s": self.interval_s,
                 "last_ok": self.last_ok,
                 "error": self.error,
@@ -200,7 +207,7 @@ def serve_lag(
     stop: threading.Event,
     corpus: CorpusPanels | None = None,
 ) -> None:
-    service = LagService(settings, [*PIPELINE_GROUPS, *extra_groups])
+    service = LagService(settings, watched_groups(extra_groups))
     server = start_http(settings.metrics_host, port, routes(service, corpus))
     log.info(
         "lag service on http://%s:%d (/, /corpus, /metrics, /lag.json)",

@@ -29,8 +29,8 @@ def lag(
     from rich.live import Live
     from rich.table import Table
 
-    from services.lag.collector import OffsetReader
-    from services.lag.monitor import PIPELINE_GROUPS, LagMonitor, LagReport, report_json
+    from services.lag.collector import OffsetReader, StatusReader
+    from services.lag.monitor import LagMonitor, LagReport, report_json, watched_groups
 
     def render(report: LagReport) -> Table:
         table = Table(title="egoline lag")
@@ -42,24 +42,28 @@ def lag(
                     name,
                     p.topic,
                     str(p.partition),
-                    str(p.committed),
+                    "never" if p.never_committed else str(p.committed),
                     str(p.end),
                     str(p.lag),
                     str(p.lag_seconds),
                     p.status.name,
                 )
             table.add_row(name, "", "", "", "", str(entry.total_lag), "", entry.status.name)
+            if entry.reason:
+                table.add_row(name, f"[red]{entry.reason}[/red]", *[""] * 6)
         return table
 
-    reader = OffsetReader(get_settings())
-    monitor = LagMonitor()
-    groups = [*PIPELINE_GROUPS, *(group or [])]
+    settings = get_settings()
+    reader, status_reader = OffsetReader(settings), StatusReader(settings)
+    groups = watched_groups(group)
+    monitor = LagMonitor(groups=tuple(groups))
     report: LagReport = {}
     try:
         with Live(console=err, auto_refresh=False, transient=as_json) as live:
             taken = 0
             while watch or taken < samples:
                 monitor.observe(reader.read(groups))
+                monitor.observe_status(status_reader.read())
                 taken += 1
                 report = monitor.report(time.time())
                 live.update(render(report), refresh=True)
@@ -69,4 +73,5 @@ def lag(
         pass
     finally:
         reader.close()
+        status_reader.close()
     print_json_line({"groups": report_json(report)})

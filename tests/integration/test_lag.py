@@ -56,7 +56,7 @@ def test_end_offsets_and_lag_are_right_for_a_batched_topic(stack: Settings) -> N
     monitor = LagMonitor()
     try:
         for _ in range(3):
-            monitor.observe(reader.read([group]))
+            monitor.observe(reader.read({group: ()}))
             time.sleep(0.5)
     finally:
         reader.close()

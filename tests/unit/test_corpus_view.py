@@ -177,7 +177,7 @@ def test_the_lag_service_answers_corpus_errors_when_the_warehouse_is_unreachable
     port = free_port()  # nothing listens there
     settings = Settings(_env_file=None, database_url=f"postgresql://u:p@127.0.0.1:{port}/none")
     reader = corpus.corpus_reader(settings)
-    served = routes(LagService(settings, ["egoline-decode"]), reader.panels())
+    served = routes(LagService(settings, {"egoline-decode": ()}), reader.panels())
     started = time.monotonic()
     for name in CORPUS_PANELS:
         code, kind, body = served[f"/corpus/{name}.json"]()
