@@ -219,6 +219,36 @@ def bench_chaos(
         raise typer.Exit(1)
 
 
+@bench_app.command("poison")
+def bench_poison(
+    good: Annotated[int, typer.Option(min=1, help="good episodes")] = 16,
+    per_stage: Annotated[int, typer.Option(min=1, help="planted episodes per stage")] = 2,
+    outage_s: Annotated[float, typer.Option(min=0, help="S3 pause mid-run; 0: none")] = 6.0,
+    seed: Annotated[int, typer.Option(help="-1: fresh episode ids each run")] = -1,
+    as_json: Annotated[bool, typer.Option("--json", help="only the JSON line on stdout")] = False,
+) -> None:
+    """Planted bugs in every batch step (decode, validate, shard, the warehouse transaction)
+    among good episodes, with an S3 pause and a Postgres restart mid-run: every planted record
+    isolated, every good episode cataloged within 60 s, none dead-lettered (exit 1 otherwise)."""
+    from services.bench.poison import PoisonConfig
+    from services.bench.poison import bench_poison as run
+
+    del as_json
+    config = PoisonConfig(good=good, per_stage=per_stage, seed=seed, outage_s=outage_s)
+    result = _run_bench(lambda settings, log: run(settings, config, log=log))
+    ok = (
+        result["isolated"] == result["planted"]
+        and result["good_cataloged"] == result["good_expected"]
+        and result["good_in_manifest"] == result["good_expected"]
+        and result["dependency_outage_dlq"] == 0
+        and result["max_stall_s"] <= 60
+        and result["lag_saw_stall"]
+        and result["uncommitted_lag"] == 0
+    )
+    if not ok:
+        raise typer.Exit(1)
+
+
 @bench_app.command("curate")
 def bench_curate(
     episodes: Annotated[int, typer.Option(min=16)] = 200,

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import KafkaException
+from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from services.common.settings import DeviceSettings, Settings
@@ -148,3 +149,33 @@ def ensure_topics(
                     raise RuntimeError(f"cannot create topic {topic}: {exc}") from exc
         if time.monotonic() > deadline:
             raise TimeoutError(f"topics still missing after {timeout_s}s: {missing}")
+
+
+def read_topic(
+    settings: DeviceSettings, topic: str, quiet_s: float = 2.0, limit_s: float = 30.0
+) -> list[Message]:
+    """Every record of `topic` from the beginning, reading until no record arrived for
+    `quiet_s` (for counting what was published, from outside the consumers: tests, benches).
+
+    (ListOffsets high watermarks are not trusted: the embedded broker reports them wrong.)
+    """
+    consumer = Consumer(
+        {
+            **client_config(settings),
+            "group.id": f"egoline-read-{uuid.uuid4().hex[:8]}",
+            "enable.auto.commit": False,
+        }
+    )
+    try:
+        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
+        records: list[Message] = []
+        last = started = time.monotonic()
+        while time.monotonic() - last < quiet_s and time.monotonic() - started < limit_s:
+            msg = consumer.poll(0.2)
+            if msg is not None and msg.error() is None:
+                records.append(msg)
+                last = time.monotonic()
+        return records
+    finally:
+        consumer.close()
